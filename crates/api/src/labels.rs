@@ -1,0 +1,23 @@
+//! Well-known labels, annotations and finalizers shared by the provider, the operator and the agent.
+
+/// CRD label that tells Cluster API which contract a provider CRD implements and which of its API
+/// versions to use for `ContractVersionedObjectReference`s (the last `_`-separated entry wins).
+pub const CAPI_CONTRACT_V1BETA2: &str = "cluster.x-k8s.io/v1beta2";
+/// CRD label that marks a CRD as part of a clusterctl-managed provider.
+pub const CLUSTERCTL: &str = "clusterctl.cluster.x-k8s.io";
+/// CRD label that makes `clusterctl move` move objects of this kind even without an owner chain.
+pub const CLUSTERCTL_MOVE: &str = "clusterctl.cluster.x-k8s.io/move";
+/// Annotation that blocks `clusterctl move` while a claim or release is half done.
+pub const CLUSTERCTL_BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
+/// Label CAPI puts on every object belonging to a cluster; the operator puts it on what it renders.
+pub const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
+/// Annotation that pauses reconciliation of one object (CAPI convention).
+pub const PAUSED: &str = "cluster.x-k8s.io/paused";
+/// Label on a CAPI Cluster that Rancher Turtles watches to import the cluster automatically.
+pub const RANCHER_AUTO_IMPORT: &str = "cluster-api.cattle.io/rancher-auto-import";
+/// Standard zone label; on a ByoHost it becomes a failure domain of the ByoClusters that may use it.
+pub const ZONE: &str = "topology.kubernetes.io/zone";
+/// Label the operator puts on everything it renders for one BootsmanCluster.
+pub const BOOTSMAN_CLUSTER: &str = "bootsman.io/cluster";
+/// Per-cluster label that selects the addon `HelmChartProxy` objects of one child cluster.
+pub const ADDONS_SELECTOR: &str = "bootsman.io/addons";

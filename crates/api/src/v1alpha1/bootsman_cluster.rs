@@ -1,0 +1,420 @@
+//! `BootsmanCluster`: one child cluster, described by what a platform team cares about (how many
+//! control-plane nodes and workers, which hosts may serve, which addons) rather than by CAPI objects.
+//!
+//! The rules below are enforced by CEL in the CRD, so `kubectl apply` fails at once with a message
+//! that names the rule; the operator checks them again before it renders anything.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a child cluster.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "bootsman.io",
+    version = "v1alpha1",
+    kind = "BootsmanCluster",
+    namespaced,
+    status = "BootsmanClusterStatus",
+    shortname = "bmc",
+    category = "bootsman",
+    label("clusterctl.cluster.x-k8s.io", ""),
+    doc = "A Kubernetes cluster built from hosts of the pool, managed by the Bootsman operator.",
+    derive = "PartialEq",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.kubernetesVersion"),
+    printcolumn(
+        name = "CP-Ready",
+        type_ = "integer",
+        json_path = ".status.controlPlane.ready",
+        description = "Ready control-plane machines"
+    ),
+    printcolumn(
+        name = "CP-Desired",
+        type_ = "integer",
+        json_path = ".spec.controlPlane.replicas",
+        description = "Desired control-plane machines"
+    ),
+    printcolumn(
+        name = "Workers-Ready",
+        type_ = "integer",
+        json_path = ".status.workers.ready",
+        description = "Ready worker machines, all pools"
+    ),
+    printcolumn(
+        name = "Workers-Desired",
+        type_ = "integer",
+        json_path = ".status.workers.desired",
+        description = "Desired worker machines, all pools"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("self.workers.map(w, w.replicas).sum() >= 3")
+    .message("the worker pools must have at least 3 replicas in total (rule: worker-replicas-min-3)")
+    .field_path(".workers"))]
+#[serde(rename_all = "camelCase")]
+pub struct BootsmanClusterSpec {
+    /// Kubernetes version of the child cluster, `vX.Y.Z` (e.g. `v1.33.4`). It may go up (an
+    /// upgrade, rolled out one machine at a time) but never down.
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = Rule::new(r"self.matches('^v[0-9]+\\.[0-9]+\\.[0-9]+$')")
+            .message("kubernetesVersion must look like vX.Y.Z, e.g. v1.33.4 (rule: version-format)"),
+        validation = Rule::new(VERSION_NOT_DOWN)
+            .message("kubernetesVersion cannot go down; downgrades are not supported (rule: version-no-downgrade)")
+    )]
+    pub kubernetes_version: String,
+
+    /// The control plane: how many machines, which hosts may serve, and the API endpoint.
+    pub control_plane: ControlPlane,
+
+    /// Worker pools; each becomes a MachineDeployment. Names are unique DNS-1123 labels.
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(
+        validation = Rule::new("self.all(w, self.exists_one(x, x.name == w.name))")
+            .message("worker pool names must be unique (rule: worker-pool-names-unique)"),
+        merge_strategy = ListMerge::Map(vec!["name".into()])
+    )]
+    pub workers: Vec<WorkerPool>,
+
+    /// Pod and service networks and the CNI.
+    #[serde(default)]
+    pub network: Network,
+
+    /// Persistent storage for the child cluster.
+    #[serde(default)]
+    pub storage: Storage,
+
+    /// Ingress controller for the child cluster.
+    #[serde(default)]
+    pub ingress: Ingress,
+
+    /// Service load balancer for the child cluster.
+    #[serde(default)]
+    pub load_balancer: LoadBalancer,
+
+    /// Rancher integration.
+    #[serde(default)]
+    pub rancher: Rancher,
+}
+
+/// CEL: the new `vX.Y.Z` is not lower than the old one (skipped when either is malformed, which
+/// the format rule reports).
+const VERSION_NOT_DOWN: &str = concat!(
+    r"!self.matches('^v[0-9]+\\.[0-9]+\\.[0-9]+$') || !oldSelf.matches('^v[0-9]+\\.[0-9]+\\.[0-9]+$') || ",
+    "int(self.substring(1).split('.')[0]) > int(oldSelf.substring(1).split('.')[0]) || ",
+    "(int(self.substring(1).split('.')[0]) == int(oldSelf.substring(1).split('.')[0]) && ",
+    "(int(self.substring(1).split('.')[1]) > int(oldSelf.substring(1).split('.')[1]) || ",
+    "(int(self.substring(1).split('.')[1]) == int(oldSelf.substring(1).split('.')[1]) && ",
+    "int(self.substring(1).split('.')[2]) >= int(oldSelf.substring(1).split('.')[2]))))"
+);
+
+/// The control plane of a child cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlane {
+    /// Number of control-plane machines: 3 or 5. etcd needs an odd member count; 3 survives the
+    /// loss of one member, 5 the loss of two.
+    #[x_kube(validation = Rule::new("self == 3 || self == 5").message(
+        "controlPlane.replicas must be 3 or 5: etcd needs an odd number of members, and 3 or 5 keep \
+         quorum when 1 or 2 fail (rule: control-plane-replicas-3-or-5)"
+    ))]
+    pub replicas: i32,
+
+    /// Which ByoHosts may serve as control-plane machines. Empty selects any free host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_selector: Option<LabelSelector>,
+
+    /// The API server endpoint: a virtual IP held by kube-vip on the control-plane hosts.
+    pub endpoint: Endpoint,
+}
+
+/// Where the child cluster's API server is reached.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    /// A free IP address on the hosts' network (or a DNS name resolving to it).
+    #[schemars(length(min = 1, max = 253))]
+    pub host: String,
+    /// TCP port; 6443 when not set.
+    #[serde(default = "default_port")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 65535")
+        .message("endpoint port must be between 1 and 65535 (rule: endpoint-port-range)"))]
+    pub port: i32,
+}
+
+fn default_port() -> i32 {
+    6443
+}
+
+/// One pool of identical worker machines.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPool {
+    /// Name of the pool, a DNS-1123 label; part of the MachineDeployment's name.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message(
+        "worker pool name must be a DNS-1123 label: lower-case letters, digits and '-', starting \
+         and ending with a letter or digit (rule: worker-pool-name-dns1123)"
+    ))]
+    pub name: String,
+    /// Number of machines in the pool.
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+    /// Which ByoHosts may serve in this pool. Empty selects any free host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_selector: Option<LabelSelector>,
+}
+
+/// Pod and service networks of a child cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "!isCIDR(self.podCIDR) || !isCIDR(self.serviceCIDR) || \
+     (!cidr(self.podCIDR).containsCIDR(self.serviceCIDR) && !cidr(self.serviceCIDR).containsCIDR(self.podCIDR))"
+).message("network.podCIDR and network.serviceCIDR must not overlap (rule: network-cidrs-disjoint)"))]
+pub struct Network {
+    /// The CNI plugin. Cilium is the only one supported.
+    #[serde(default)]
+    pub cni: Cni,
+    /// Pod network (CIDR).
+    #[serde(default = "default_pod_cidr", rename = "podCIDR")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("isCIDR(self)")
+        .message("network.podCIDR must be a CIDR such as 10.244.0.0/16 (rule: pod-cidr-format)"))]
+    pub pod_cidr: String,
+    /// Service network (CIDR).
+    #[serde(default = "default_service_cidr", rename = "serviceCIDR")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("isCIDR(self)")
+        .message("network.serviceCIDR must be a CIDR such as 10.96.0.0/12 (rule: service-cidr-format)"))]
+    pub service_cidr: String,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Self {
+            cni: Cni::default(),
+            pod_cidr: default_pod_cidr(),
+            service_cidr: default_service_cidr(),
+        }
+    }
+}
+
+fn default_pod_cidr() -> String {
+    "10.244.0.0/16".into()
+}
+
+fn default_service_cidr() -> String {
+    "10.96.0.0/12".into()
+}
+
+/// Supported CNI plugins.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Cni {
+    /// Cilium, installed as an addon before nodes can become ready.
+    #[default]
+    Cilium,
+}
+
+/// Persistent storage addons.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Storage {
+    /// Longhorn distributed block storage on the workers' disks.
+    #[serde(default)]
+    pub longhorn: Longhorn,
+}
+
+/// Longhorn settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Longhorn {
+    /// Whether Longhorn is installed.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+impl Default for Longhorn {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// Ingress addons.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Ingress {
+    /// ingress-nginx, run as a DaemonSet on every worker.
+    #[serde(default)]
+    pub nginx: Nginx,
+}
+
+/// ingress-nginx settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Nginx {
+    /// Whether ingress-nginx is installed.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Expect the PROXY protocol from the load balancer in front of the workers.
+    #[serde(default)]
+    pub proxy_protocol: bool,
+}
+
+impl Default for Nginx {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            proxy_protocol: false,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Service load-balancer addons.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancer {
+    /// MetalLB, in BGP mode only.
+    #[serde(default)]
+    pub metallb: MetalLb,
+}
+
+/// MetalLB settings. Only BGP mode is offered: in L2 mode one node answers for each service IP,
+/// so all of that service's traffic funnels through a single node and fails over slowly.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!self.enabled || (size(self.bgpPeers) > 0 && size(self.addressPools) > 0)")
+    .message("metallb.enabled needs at least one bgpPeers entry and one addressPools entry (rule: metallb-bgp-config)"))]
+pub struct MetalLb {
+    /// Whether MetalLB is installed.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Announcement mode. Only `BGP` is accepted.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == 'BGP'").message(
+        "metallb.mode must be BGP: L2 mode is refused because one node answers for each service IP, \
+         making it a traffic bottleneck and a slow failover point (rule: metallb-bgp-only)"
+    ))]
+    pub mode: MetalLbMode,
+    /// BGP routers the nodes peer with.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub bgp_peers: Vec<BgpPeer>,
+    /// Address pools MetalLB assigns service IPs from.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub address_pools: Vec<AddressPool>,
+}
+
+/// MetalLB announcement modes. `L2` is listed only so that it can be refused with a clear message.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum MetalLbMode {
+    /// Announce service IPs to BGP peers.
+    #[default]
+    #[serde(rename = "BGP")]
+    Bgp,
+    /// Not supported (see the `mode` field).
+    L2,
+}
+
+/// A BGP router the cluster nodes peer with.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BgpPeer {
+    /// IP address of the router.
+    pub peer_address: String,
+    /// Autonomous system number of the router.
+    #[serde(rename = "peerASN")]
+    pub peer_asn: u32,
+    /// Autonomous system number the nodes announce from.
+    #[serde(rename = "myASN")]
+    pub my_asn: u32,
+    /// TCP port of the router's BGP session; 179 when not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_port: Option<u16>,
+}
+
+/// A pool of service IPs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressPool {
+    /// Name of the pool.
+    pub name: String,
+    /// CIDRs or `first-last` ranges of addresses.
+    pub addresses: Vec<String>,
+    /// Whether services get addresses from this pool without asking for it by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_assign: Option<bool>,
+}
+
+/// Rancher integration.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rancher {
+    /// Label the CAPI Cluster so Rancher Turtles imports it into Rancher automatically.
+    #[serde(default)]
+    pub auto_import: bool,
+}
+
+/// Observed state of a child cluster, following the kstatus conventions so Flux and Argo CD read
+/// its health right.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootsmanClusterStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// A one-word summary of the cluster's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClusterPhase>,
+    /// `Ready`, `ControlPlaneReady`, `WorkersReady`, `HostsAvailable`, `AddonsReady`,
+    /// `Reconciling`, `Stalled`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// Control-plane machines: desired and ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane: Option<ReplicaCounts>,
+    /// Worker machines of all pools: desired and ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<ReplicaCounts>,
+    /// Name of the Secret (in this namespace) holding the child cluster's admin kubeconfig.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_secret: Option<String>,
+}
+
+/// Desired and ready machine counts.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaCounts {
+    /// Machines the spec asks for.
+    pub desired: i32,
+    /// Machines that are ready.
+    pub ready: i32,
+}
+
+/// One-word summary of a child cluster's state.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ClusterPhase {
+    /// Accepted; waiting for hosts or for CAPI to start.
+    Pending,
+    /// Machines are being created and bootstrapped.
+    Provisioning,
+    /// Every machine is ready.
+    Ready,
+    /// Replica counts are changing.
+    Scaling,
+    /// A Kubernetes version change is rolling out.
+    Upgrading,
+    /// Being deleted; hosts are returning to the pool.
+    Deleting,
+    /// Cannot make progress without a change (see the `Stalled` condition).
+    Failed,
+}

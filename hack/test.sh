@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The one command that runs every check of the project: formatting, lints, and all tests
+# (unit tests and the integration tests against a real control plane).
+#
+#   hack/test.sh
+#
+# It installs what it needs by itself: the control-plane binaries are built from Go modules into
+# a cache outside the repository (see hack/testbin) the first time, and reused afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; STEP_START=$SECONDS; }
+done_step() { printf '    (%ss)\n' "$((SECONDS - STEP_START))"; }
+
+step "toolchain: $(cargo --version), $(go version 2>/dev/null || echo 'go: missing')"
+command -v cargo >/dev/null || { echo "cargo is required" >&2; exit 1; }
+done_step
+
+if [[ -x hack/testbin ]]; then
+  step "control-plane binaries (hack/testbin; builds from Go modules on first use)"
+  hack/testbin
+  BOOTSMAN_TESTBIN="$(hack/testbin --print-dir)"
+  export BOOTSMAN_TESTBIN
+  echo "    using $BOOTSMAN_TESTBIN"
+  done_step
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+done_step
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+done_step
+
+step "cargo test (unit and integration tests)"
+cargo test --workspace --all-targets --locked
+done_step
+
+printf '\nall checks passed\n'
