@@ -1,0 +1,246 @@
+//! The Cluster API managers (core, kubeadm bootstrap, kubeadm control plane), run as local
+//! processes against the test API server, with their admission and conversion webhooks served on
+//! loopback and registered by URL (the way controller-runtime's envtest does it).
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::error::{Error, Result, io, kube};
+use crate::{Pki, TestEnv, crds, free_port, process::Component};
+
+/// One manager: its binary, the CRD groups whose conversions it serves, and its webhook manifest.
+struct Manager {
+    name: &'static str,
+    binary: &'static str,
+    manifest: &'static str,
+}
+
+const MANAGERS: [Manager; 3] = [
+    Manager {
+        name: "capi-core",
+        binary: "capi-manager",
+        manifest: "core",
+    },
+    Manager {
+        name: "capi-kubeadm-bootstrap",
+        binary: "capi-kubeadm-bootstrap-manager",
+        manifest: "bootstrap",
+    },
+    Manager {
+        name: "capi-kubeadm-control-plane",
+        binary: "capi-kubeadm-control-plane-manager",
+        manifest: "controlplane",
+    },
+];
+
+/// Loopback ports of the three managers, chosen before the CRDs are installed so the
+/// conversion webhooks can point at them.
+#[derive(Debug)]
+pub(crate) struct Ports {
+    webhook: [u16; 3],
+    health: [u16; 3],
+}
+
+impl Ports {
+    pub(crate) fn allocate() -> Result<Self> {
+        Ok(Self {
+            webhook: [free_port()?, free_port()?, free_port()?],
+            health: [free_port()?, free_port()?, free_port()?],
+        })
+    }
+}
+
+/// Which manager converts a CRD of this group.
+fn manager_for_group(group: &str) -> usize {
+    match group {
+        "bootstrap.cluster.x-k8s.io" => 1,
+        "controlplane.cluster.x-k8s.io" => 2,
+        _ => 0,
+    }
+}
+
+/// Points the conversion of every multi-version CAPI CRD at the manager that serves it.
+pub(crate) fn route_conversion_to_managers(
+    crds: &mut [apiext::CustomResourceDefinition],
+    ports: &Ports,
+    pki: &Pki,
+) -> Result<()> {
+    let ca = std::fs::read(&pki.server_ca.cert).map_err(io("read server CA", &pki.server_ca.cert))?;
+    for crd in crds.iter_mut().filter(|c| c.spec.versions.len() > 1) {
+        let port = ports.webhook[manager_for_group(&crd.spec.group)];
+        crd.spec.conversion = Some(apiext::CustomResourceConversion {
+            strategy: "Webhook".into(),
+            webhook: Some(apiext::WebhookConversion {
+                client_config: Some(apiext::WebhookClientConfig {
+                    url: Some(format!("https://127.0.0.1:{port}/convert")),
+                    ca_bundle: Some(ByteString(ca.clone())),
+                    service: None,
+                }),
+                conversion_review_versions: vec!["v1".into(), "v1beta1".into()],
+            }),
+        });
+    }
+    Ok(())
+}
+
+/// Without the managers nothing can convert between versions, so only the storage version is
+/// served: every client sees the same shape of object.
+pub(crate) fn serve_storage_version_only(crds: &mut [apiext::CustomResourceDefinition]) {
+    for crd in crds {
+        for v in &mut crd.spec.versions {
+            v.served = v.storage;
+        }
+    }
+}
+
+/// Starts the three managers, waits until each one's webhook server is ready, then registers
+/// their admission webhooks.
+pub(crate) async fn start(env: &TestEnv, ports: &Ports, client: &kube::Client) -> Result<Vec<Component>> {
+    let certs = env.dir().join("capi-webhook-certs");
+    std::fs::create_dir_all(&certs).map_err(io("create", &certs))?;
+    let serving = env
+        .pki()
+        .serving("capi-webhook", &["IP:127.0.0.1", "DNS:localhost"])?;
+    for (from, to) in [(&serving.cert, "tls.crt"), (&serving.key, "tls.key")] {
+        std::fs::copy(from, certs.join(to)).map_err(io("copy webhook certificate", certs.join(to)))?;
+    }
+    let kubeconfig = env.kubeconfig().to_string_lossy().to_string();
+
+    let mut started = Vec::new();
+    for (i, m) in MANAGERS.iter().enumerate() {
+        let args = vec![
+            "--leader-elect=false".to_string(),
+            format!("--webhook-port={}", ports.webhook[i]),
+            format!("--webhook-cert-dir={}", certs.display()),
+            format!("--health-addr=127.0.0.1:{}", ports.health[i]),
+            "--diagnostics-address=0".into(),
+            format!("--kubeconfig={kubeconfig}"),
+        ];
+        let log = env.log_dir().join(format!("{}.log", m.name));
+        let binary = env.testbin().bin(m.binary);
+        if !binary.is_file() {
+            return Err(Error::Invalid {
+                what: format!("Cluster API manager {}", m.name),
+                detail: format!("{} is missing; run hack/testbin", binary.display()),
+            });
+        }
+        started.push(Component::spawn(
+            m.name,
+            &binary,
+            &args,
+            &[("KUBECONFIG", kubeconfig.as_str())],
+            log,
+        )?);
+    }
+    for (i, c) in started.iter().enumerate() {
+        wait_ready(c, ports.health[i]).await?;
+    }
+    let ca =
+        std::fs::read(&env.pki().server_ca.cert).map_err(io("read server CA", &env.pki().server_ca.cert))?;
+    for (i, m) in MANAGERS.iter().enumerate() {
+        register_webhooks(
+            client,
+            &env.testbin().capi_webhooks(m.manifest),
+            m.name,
+            ports.webhook[i],
+            &ca,
+        )
+        .await?;
+    }
+    Ok(started)
+}
+
+async fn wait_ready(c: &Component, health_port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        c.check_running()?;
+        if http_ok(health_port, "/readyz").await {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(c.failed("did not become ready (/readyz)"));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A plain-HTTP GET on loopback that reports whether the status is 200.
+async fn http_ok(port: u16, path: &str) -> bool {
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut buf = vec![0u8; 64];
+    let n = s.read(&mut buf).await.unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200")
+        || String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.0 200")
+}
+
+/// Applies one manager's webhook configurations with every `clientConfig.service` replaced by a
+/// loopback URL, under a name of its own (the manifests share default names).
+async fn register_webhooks(
+    client: &kube::Client,
+    manifest: &std::path::Path,
+    prefix: &str,
+    port: u16,
+    ca: &[u8],
+) -> Result<()> {
+    let to_url = |cc: &mut WebhookClientConfig| {
+        let path = cc.service.take().and_then(|s| s.path).unwrap_or_default();
+        cc.url = Some(format!("https://127.0.0.1:{port}{path}"));
+        cc.ca_bundle = Some(ByteString(ca.to_vec()));
+    };
+    let pp = PatchParams::apply("bootsman-testenv").force();
+    for doc in crds::read_file(manifest)? {
+        let kind = doc
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let invalid = |e: serde_json::Error| Error::Invalid {
+            what: manifest.display().to_string(),
+            detail: e.to_string(),
+        };
+        match kind.as_str() {
+            "MutatingWebhookConfiguration" => {
+                let mut w: MutatingWebhookConfiguration = serde_json::from_value(doc).map_err(invalid)?;
+                let name = format!("{prefix}-{}", w.metadata.name.clone().unwrap_or_default());
+                w.metadata.name = Some(name.clone());
+                w.webhooks
+                    .iter_mut()
+                    .flatten()
+                    .for_each(|h| to_url(&mut h.client_config));
+                Api::<MutatingWebhookConfiguration>::all(client.clone())
+                    .patch(&name, &pp, &Patch::Apply(&w))
+                    .await
+                    .map_err(kube(format!("register {name}")))?;
+            }
+            "ValidatingWebhookConfiguration" => {
+                let mut w: ValidatingWebhookConfiguration = serde_json::from_value(doc).map_err(invalid)?;
+                let name = format!("{prefix}-{}", w.metadata.name.clone().unwrap_or_default());
+                w.metadata.name = Some(name.clone());
+                w.webhooks
+                    .iter_mut()
+                    .flatten()
+                    .for_each(|h| to_url(&mut h.client_config));
+                Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .patch(&name, &pp, &Patch::Apply(&w))
+                    .await
+                    .map_err(kube(format!("register {name}")))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

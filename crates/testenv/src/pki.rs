@@ -1,0 +1,204 @@
+//! Certificates and keys for one control plane, made with the `openssl` command line tool:
+//! a server CA (serving certificates of the API server and of webhooks), a client CA (client
+//! identities; kube-controller-manager signs approved CSRs with it, so they authenticate), the admin
+//! identity, and the service-account signing key. All keys are ECDSA P-256.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::error::{Error, Result, io};
+
+/// A certificate and its key on disk.
+#[derive(Clone, Debug)]
+pub struct CertPair {
+    /// PEM certificate.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+/// The PKI of one control plane.
+#[derive(Debug)]
+pub struct Pki {
+    dir: PathBuf,
+    /// Signs serving certificates; the trust anchor of every client.
+    pub server_ca: CertPair,
+    /// Signs client certificates; the API server's `--client-ca-file`.
+    pub client_ca: CertPair,
+    /// The API server's serving certificate (127.0.0.1, localhost and the in-cluster names).
+    pub apiserver: CertPair,
+    /// `CN=admin, O=system:masters`.
+    pub admin: CertPair,
+    /// Service-account token signing key.
+    pub service_account_key: PathBuf,
+    /// Its public half, which verifies service-account tokens.
+    pub service_account_pub: PathBuf,
+}
+
+impl Pki {
+    /// Creates a fresh PKI in `dir`.
+    pub fn create(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(io("create PKI directory", dir))?;
+        let server_ca = self_signed_ca(dir, "server-ca", "bootsman-testenv-server-ca")?;
+        let client_ca = self_signed_ca(dir, "client-ca", "bootsman-testenv-client-ca")?;
+        let mut pki = Self {
+            dir: dir.to_path_buf(),
+            apiserver: server_ca.clone(),
+            admin: client_ca.clone(),
+            service_account_key: dir.join("sa.key"),
+            service_account_pub: dir.join("sa.pub"),
+            server_ca,
+            client_ca,
+        };
+        pki.apiserver = pki.serving(
+            "apiserver",
+            &[
+                "IP:127.0.0.1",
+                "DNS:localhost",
+                "IP:10.0.0.1",
+                "DNS:kubernetes",
+                "DNS:kubernetes.default",
+                "DNS:kubernetes.default.svc",
+            ],
+        )?;
+        pki.admin = pki.client("admin", "admin", &["system:masters"])?;
+        new_key(&pki.service_account_key)?;
+        openssl(&[
+            "pkey",
+            "-in",
+            p(&pki.service_account_key),
+            "-pubout",
+            "-out",
+            p(&pki.service_account_pub),
+        ])?;
+        Ok(pki)
+    }
+
+    /// Issues a serving certificate for the given `subjectAltName` entries (`IP:…`, `DNS:…`),
+    /// signed by the server CA.
+    pub fn serving(&self, file: &str, sans: &[&str]) -> Result<CertPair> {
+        let ext = format!("subjectAltName={}\nextendedKeyUsage=serverAuth\n", sans.join(","));
+        self.issue(file, &format!("/CN={file}"), &ext, &self.server_ca)
+    }
+
+    /// Issues a client certificate with common name `cn` and one organization per group,
+    /// signed by the client CA: the API server then authenticates it as user `cn` in `groups`.
+    pub fn client(&self, file: &str, cn: &str, groups: &[&str]) -> Result<CertPair> {
+        let mut subject = String::new();
+        for g in groups {
+            subject.push_str(&format!("/O={}", escape(g)));
+        }
+        subject.push_str(&format!("/CN={}", escape(cn)));
+        self.issue(file, &subject, "extendedKeyUsage=clientAuth\n", &self.client_ca)
+    }
+
+    fn issue(&self, file: &str, subject: &str, ext: &str, ca: &CertPair) -> Result<CertPair> {
+        let pair = CertPair {
+            cert: self.dir.join(format!("{file}.crt")),
+            key: self.dir.join(format!("{file}.key")),
+        };
+        let csr = self.dir.join(format!("{file}.csr"));
+        let extfile = self.dir.join(format!("{file}.ext"));
+        new_key(&pair.key)?;
+        std::fs::write(&extfile, ext).map_err(io("write openssl extension file", &extfile))?;
+        openssl(&[
+            "req",
+            "-new",
+            "-key",
+            p(&pair.key),
+            "-subj",
+            subject,
+            "-out",
+            p(&csr),
+        ])?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            p(&csr),
+            "-CA",
+            p(&ca.cert),
+            "-CAkey",
+            p(&ca.key),
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-sha256",
+            "-extfile",
+            p(&extfile),
+            "-out",
+            p(&pair.cert),
+        ])?;
+        Ok(pair)
+    }
+}
+
+fn self_signed_ca(dir: &Path, file: &str, cn: &str) -> Result<CertPair> {
+    let pair = CertPair {
+        cert: dir.join(format!("{file}.crt")),
+        key: dir.join(format!("{file}.key")),
+    };
+    new_key(&pair.key)?;
+    openssl(&[
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        p(&pair.key),
+        "-subj",
+        &format!("/CN={cn}"),
+        "-days",
+        "3650",
+        "-sha256",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        "-out",
+        p(&pair.cert),
+    ])?;
+    Ok(pair)
+}
+
+fn new_key(path: &Path) -> Result<()> {
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        p(path),
+    ])
+}
+
+/// `openssl -subj` treats `/` and `=` specially inside values.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('/', "\\/")
+        .replace('=', "\\=")
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap_or_default()
+}
+
+fn openssl(args: &[&str]) -> Result<()> {
+    let what = format!("openssl {}", args.first().copied().unwrap_or_default());
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .map_err(|e| Error::Command {
+            what: what.clone(),
+            detail: format!("cannot run openssl (install the Debian package `openssl`): {e}"),
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::Command {
+            what,
+            detail: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr)),
+        })
+    }
+}

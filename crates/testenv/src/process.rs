@@ -1,0 +1,167 @@
+//! Child processes of the environment: started with their output in a log file, killed when the
+//! environment is dropped, and killed by the kernel when the test process dies for any reason
+//! (including a panic or a signal), so no component is ever left behind.
+//!
+//! The kernel guarantee comes from `setpriv --pdeathsig KILL`: the child gets SIGKILL when the
+//! thread that spawned it exits. Every child is therefore spawned from one spawner thread that
+//! lives as long as the process.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+use crate::error::{Error, Result, io};
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("testenv-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+                // The sender lives in a static, so this loop never ends before the process does.
+            })
+            .map(|_| ())
+            .unwrap_or_else(|e| eprintln!("testenv: cannot start the spawner thread: {e}"));
+        Mutex::new(tx)
+    })
+}
+
+/// Whether `setpriv` is available to tie children to this process's lifetime.
+fn setpriv() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        Command::new("setpriv")
+            .arg("--help")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok()
+    })
+}
+
+/// One running component.
+#[derive(Debug)]
+pub struct Component {
+    name: String,
+    child: Mutex<Option<Child>>,
+    log: PathBuf,
+}
+
+impl Component {
+    /// Starts `program args…` with stdout and stderr appended to `log`.
+    pub fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(&str, &str)],
+        log: PathBuf,
+    ) -> Result<Self> {
+        let out = File::create(&log).map_err(io("create log file", &log))?;
+        let err = out.try_clone().map_err(io("open log file", &log))?;
+        let mut cmd = if setpriv() {
+            let mut c = Command::new("setpriv");
+            c.args(["--pdeathsig", "KILL", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        };
+        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let (reply_tx, reply_rx) = mpsc::channel();
+        spawner()
+            .lock()
+            .map_err(|_| Error::Invalid {
+                what: "spawner".into(),
+                detail: "lock poisoned".into(),
+            })?
+            .send((cmd, reply_tx))
+            .map_err(|_| Error::Invalid {
+                what: "spawner".into(),
+                detail: "thread is gone".into(),
+            })?;
+        let child = reply_rx
+            .recv()
+            .map_err(|_| Error::Invalid {
+                what: "spawner".into(),
+                detail: "no reply".into(),
+            })?
+            .map_err(io("start component", program))?;
+        Ok(Self {
+            name: name.into(),
+            child: Mutex::new(Some(child)),
+            log,
+        })
+    }
+
+    /// Component name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Path of the log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Fails with the log tail if the process has exited.
+    pub fn check_running(&self) -> Result<()> {
+        let mut guard = self.child.lock().map_err(|_| self.failed("lock poisoned"))?;
+        match guard.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => Ok(()),
+            Some(Ok(Some(status))) => Err(self.failed(&format!("exited with {status}"))),
+            Some(Err(e)) => Err(self.failed(&format!("cannot be waited for: {e}"))),
+            None => Err(self.failed("was stopped")),
+        }
+    }
+
+    /// An error naming this component, with the end of its log.
+    pub fn failed(&self, problem: &str) -> Error {
+        Error::Component {
+            component: self.name.clone(),
+            problem: problem.into(),
+            log: self.log.clone(),
+            tail: tail(&self.log, 30),
+        }
+    }
+
+    /// Kills the process and reaps it.
+    pub fn stop(&self) {
+        if let Ok(mut guard) = self.child.lock()
+            && let Some(mut child) = guard.take()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Component {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last `lines` lines of a log file (at most 64 KiB are read).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let Ok(mut f) = File::open(path) else {
+        return format!("(no log at {})", path.display());
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    let mut bytes = Vec::new();
+    let _ = f.read_to_end(&mut bytes);
+    let buf = String::from_utf8_lossy(&bytes);
+    let all: Vec<&str> = buf.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
