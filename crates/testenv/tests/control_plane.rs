@@ -1,12 +1,11 @@
-//! The control plane the harness starts is the real thing: our CRDs install and their CEL rules
-//! run in the API server, garbage collection deletes dependents, and an approved CSR yields a
-//! working client identity limited to what RBAC grants it.
+//! The control plane the harness starts is the real thing: garbage collection deletes dependents,
+//! and an approved CSR yields a working client identity limited to what RBAC grants it. (That our
+//! CRDs install and their CEL rules run in the API server is tested in `crates/api/tests`.)
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::time::Duration;
 
-use bootsman_api::v1alpha1::BootsmanCluster;
 use bootsman_testenv::{TestEnv, wait_for};
 use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -16,74 +15,6 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 
 const WAIT: Duration = Duration::from_secs(90);
-
-fn sample_cluster(ns: &str) -> BootsmanCluster {
-    let text =
-        std::fs::read_to_string(bootsman_testenv::repo_root().join("config/samples/bootsmancluster.yaml"))
-            .unwrap();
-    let mut c: BootsmanCluster = serde_saphyr::from_str(&text).unwrap();
-    c.metadata.namespace = Some(ns.into());
-    c.metadata.resource_version = None;
-    c
-}
-
-fn rejection(e: kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => {
-            assert_eq!(s.code, 422, "expected an Invalid (422) rejection, got {s:?}");
-            s.message
-        }
-        other => panic!("expected an API rejection, got {other}"),
-    }
-}
-
-#[tokio::test]
-async fn crd_cel_rules_run_in_the_api_server() {
-    let env = TestEnv::shared().await;
-    let ns = env.create_namespace("cel").await;
-    let api: Api<BootsmanCluster> = Api::namespaced(env.client().await, &ns);
-
-    let mut four = sample_cluster(&ns);
-    four.spec.control_plane.replicas = 4;
-    let msg = rejection(api.create(&PostParams::default(), &four).await.unwrap_err());
-    assert!(msg.contains("controlPlane.replicas must be 3 or 5"), "{msg}");
-    assert!(msg.contains("(rule: control-plane-replicas-3-or-5)"), "{msg}");
-
-    let mut l2 = sample_cluster(&ns);
-    l2.spec.load_balancer.metallb.mode = bootsman_api::v1alpha1::MetalLbMode::L2;
-    let msg = rejection(api.create(&PostParams::default(), &l2).await.unwrap_err());
-    assert!(msg.contains("(rule: metallb-bgp-only)"), "{msg}");
-
-    let mut few = sample_cluster(&ns);
-    few.spec.workers[0].replicas = 2;
-    let msg = rejection(api.create(&PostParams::default(), &few).await.unwrap_err());
-    assert!(msg.contains("(rule: worker-replicas-min-3)"), "{msg}");
-
-    let created = api
-        .create(&PostParams::default(), &sample_cluster(&ns))
-        .await
-        .unwrap();
-    // Defaults from the schema are applied by the API server.
-    assert_eq!(created.spec.network.pod_cidr, "10.244.0.0/16");
-    assert_eq!(created.spec.control_plane.endpoint.port, 6443);
-
-    let mut down = created.clone();
-    down.spec.kubernetes_version = "v1.32.9".into();
-    let msg = rejection(
-        api.replace(&created.name_any(), &PostParams::default(), &down)
-            .await
-            .unwrap_err(),
-    );
-    assert!(msg.contains("(rule: version-no-downgrade)"), "{msg}");
-
-    let mut up = created.clone();
-    up.spec.kubernetes_version = "v1.34.1".into();
-    let updated = api
-        .replace(&created.name_any(), &PostParams::default(), &up)
-        .await
-        .unwrap();
-    assert_eq!(updated.spec.kubernetes_version, "v1.34.1");
-}
 
 #[tokio::test]
 async fn garbage_collection_deletes_dependents() {
