@@ -16,14 +16,27 @@ step "toolchain: $(cargo --version), $(go version 2>/dev/null || echo 'go: missi
 command -v cargo >/dev/null || { echo "cargo is required" >&2; exit 1; }
 done_step
 
-if [[ -x hack/testbin ]]; then
-  step "control-plane binaries (hack/testbin; builds from Go modules on first use)"
-  hack/testbin
-  BOOTSMAN_TESTBIN="$(hack/testbin --print-dir)"
-  export BOOTSMAN_TESTBIN
-  echo "    using $BOOTSMAN_TESTBIN"
-  done_step
+step "host tools: openssl (test PKI), setpriv (no component outlives a test)"
+missing=()
+command -v openssl >/dev/null || missing+=(openssl)
+command -v setpriv >/dev/null || missing+=(util-linux)
+if ((${#missing[@]})); then
+  echo "    installing ${missing[*]}"
+  if [[ $(id -u) -eq 0 ]]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  else
+    echo "missing ${missing[*]}: install them (Debian packages) and rerun" >&2
+    exit 1
+  fi
 fi
+done_step
+
+step "control-plane binaries (hack/testbin; built from Go modules on first use, cached afterwards)"
+hack/testbin
+BOOTSMAN_TESTBIN="$(hack/testbin --print-dir)"
+export BOOTSMAN_TESTBIN
+echo "    using $BOOTSMAN_TESTBIN"
+done_step
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
