@@ -5,12 +5,9 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
-};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error::{Error, Result, io, kube};
@@ -196,51 +193,35 @@ async fn register_webhooks(
     port: u16,
     ca: &[u8],
 ) -> Result<()> {
-    let to_url = |cc: &mut WebhookClientConfig| {
-        let path = cc.service.take().and_then(|s| s.path).unwrap_or_default();
-        cc.url = Some(format!("https://127.0.0.1:{port}{path}"));
-        cc.ca_bundle = Some(ByteString(ca.to_vec()));
-    };
     let pp = PatchParams::apply("bootsman-testenv").force();
-    for doc in crds::read_file(manifest)? {
+    let ca_bundle = serde_json::to_value(ByteString(ca.to_vec())).unwrap_or_default();
+    for mut doc in crds::read_file(manifest)? {
         let kind = doc
             .get("kind")
             .and_then(|k| k.as_str())
             .unwrap_or_default()
             .to_string();
-        let invalid = |e: serde_json::Error| Error::Invalid {
-            what: manifest.display().to_string(),
-            detail: e.to_string(),
-        };
-        match kind.as_str() {
-            "MutatingWebhookConfiguration" => {
-                let mut w: MutatingWebhookConfiguration = serde_json::from_value(doc).map_err(invalid)?;
-                let name = format!("{prefix}-{}", w.metadata.name.clone().unwrap_or_default());
-                w.metadata.name = Some(name.clone());
-                w.webhooks
-                    .iter_mut()
-                    .flatten()
-                    .for_each(|h| to_url(&mut h.client_config));
-                Api::<MutatingWebhookConfiguration>::all(client.clone())
-                    .patch(&name, &pp, &Patch::Apply(&w))
-                    .await
-                    .map_err(kube(format!("register {name}")))?;
-            }
-            "ValidatingWebhookConfiguration" => {
-                let mut w: ValidatingWebhookConfiguration = serde_json::from_value(doc).map_err(invalid)?;
-                let name = format!("{prefix}-{}", w.metadata.name.clone().unwrap_or_default());
-                w.metadata.name = Some(name.clone());
-                w.webhooks
-                    .iter_mut()
-                    .flatten()
-                    .for_each(|h| to_url(&mut h.client_config));
-                Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                    .patch(&name, &pp, &Patch::Apply(&w))
-                    .await
-                    .map_err(kube(format!("register {name}")))?;
-            }
-            _ => {}
+        if kind != "MutatingWebhookConfiguration" && kind != "ValidatingWebhookConfiguration" {
+            continue;
         }
+        let name = format!(
+            "{prefix}-{}",
+            doc["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        doc["metadata"]["name"] = name.clone().into();
+        for hook in doc["webhooks"].as_array_mut().into_iter().flatten() {
+            let path = hook["clientConfig"]["service"]["path"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            hook["clientConfig"] =
+                serde_json::json!({"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca_bundle});
+        }
+        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind);
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+        api.patch(&name, &pp, &Patch::Apply(&doc))
+            .await
+            .map_err(kube(format!("register {name}")))?;
     }
     Ok(())
 }

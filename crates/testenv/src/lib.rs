@@ -307,9 +307,25 @@ impl TestEnv {
     pub fn kubeconfig_for(&self, cn: &str, groups: &[&str]) -> Result<PathBuf> {
         let file = format!("user-{}", unique_suffix());
         let pair = self.pki.client(&file, cn, groups)?;
-        let path = self.dir.join(format!("{file}.kubeconfig"));
-        write_kubeconfig(&path, &self.api_url, &self.pki.server_ca.cert, &pair)?;
+        self.kubeconfig_with_cert(&pair)
+    }
+
+    /// Writes a kubeconfig that authenticates with the given client certificate (for example one
+    /// issued through a CertificateSigningRequest) and returns its path.
+    pub fn kubeconfig_with_cert(&self, pair: &CertPair) -> Result<PathBuf> {
+        let path = self.dir.join(format!("cert-{}.kubeconfig", unique_suffix()));
+        write_kubeconfig(&path, &self.api_url, &self.pki.server_ca.cert, pair)?;
         Ok(path)
+    }
+
+    /// A client that authenticates with the given client certificate.
+    pub async fn client_with_cert(&self, pair: &CertPair) -> kube::Client {
+        let path = self
+            .kubeconfig_with_cert(pair)
+            .unwrap_or_else(|e| panic!("testenv kubeconfig: {e}"));
+        client_from(&path)
+            .await
+            .unwrap_or_else(|e| panic!("testenv client with {}: {e}", pair.cert.display()))
     }
 
     /// Creates a namespace named `<prefix>-<random>` and returns its name.

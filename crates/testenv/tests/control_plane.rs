@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use bootsman_testenv::{TestEnv, wait_for};
+use bootsman_testenv::{CertPair, TestEnv, wait_for};
 use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -189,24 +189,7 @@ async fn approved_csr_gives_a_working_identity_limited_by_rbac() {
         .await
         .unwrap();
 
-    let kubeconfig = dir.join("user.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
-             users:\n- name: u\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    user: u\ncurrent-context: t\n",
-            env.api_url(),
-            env.pki().server_ca.cert.display(),
-            cert_path.display(),
-            key.display()
-        ),
-    )
-    .unwrap();
-    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let as_user = kube::Client::try_from(cfg).unwrap();
+    let as_user = env.client_with_cert(&CertPair { cert: cert_path, key }).await;
 
     // Allowed: what the Role grants.
     let cm = Api::<ConfigMap>::namespaced(as_user.clone(), &ns)
