@@ -1,0 +1,10 @@
+//! # bootsman-runtime
+//!
+//! What every Bootsman binary shares: structured logging ([`telemetry`]), one Prometheus registry
+//! with reconcile metrics ([`metrics`]), the `/livez` `/readyz` `/metrics` server ([`server`]),
+//! Lease-based leader election ([`leader`]), the condition arithmetic that keeps
+//! `lastTransitionTime` stable ([`conditions`]) and server-side-apply helpers ([`ssa`]).
+//! Depends on nothing of ours.
+
+pub mod conditions;
+pub mod ssa;
