@@ -7,4 +7,11 @@
 //! Depends on nothing of ours.
 
 pub mod conditions;
+mod error;
+pub mod leader;
+pub mod metrics;
+pub mod server;
 pub mod ssa;
+pub mod telemetry;
+
+pub use error::Error;
