@@ -1,0 +1,363 @@
+//! # ByoMachine controller (CAPI contract v1beta2)
+//!
+//! Binds one host of the pool to each ByoMachine and drives it to `initialization.provisioned`:
+//! owner Machine → Cluster → pause → cluster infrastructure provisioned →
+//! `Machine.spec.bootstrap.dataSecretName` → claim ([`claim`]) → bootstrap Secret ([`bootstrap`])
+//! → `spec.providerID` → the host reports `BootstrapSucceeded` → provisioned. Deletion releases
+//! the host ([`release`]).
+//!
+//! Owns: the claim (`ByoHost.spec.machineRef`), the per-host bootstrap Secret, Role and
+//! RoleBinding in the host's namespace, `ByoMachine.spec.providerID` and status.
+//! Finalizer: `byomachine.infrastructure.cluster.x-k8s.io`. Field managers: `bootsman-provider`
+//! (objects) and `bootsman-provider/status` (ByoMachine status).
+//! Conditions: `HostAssigned`, `HostBootstrapped`, `Ready`, `Paused`; an Event on each transition.
+
+pub mod bootstrap;
+pub mod claim;
+pub mod release;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bootsman_api::capi::{Cluster, Machine};
+use bootsman_api::condition::types;
+use bootsman_api::labels;
+use bootsman_api::v1beta1::{
+    ByoHost, ByoMachine, ByoMachineStatus, HostRef, Initialization, MachineAddress, MachineAddressType,
+};
+use bootsman_runtime::conditions::{self, Status};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::error::{Error, Result, kube as kerr};
+use crate::pool;
+
+/// Controller name in metrics and logs.
+pub const CONTROLLER: &str = "byomachine";
+/// Finalizer held until the machine's host is released.
+pub const FINALIZER: &str = "byomachine.infrastructure.cluster.x-k8s.io";
+/// Field manager of the objects this controller writes.
+pub const MANAGER: &str = "bootsman-provider";
+/// Field manager of the ByoMachine status.
+pub const STATUS_MANAGER: &str = "bootsman-provider/status";
+
+/// Reconciles one ByoMachine.
+pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile(CONTROLLER);
+    // Claims are decided from the pool index; an index that has not listed yet would hide the
+    // host this machine already holds.
+    let _ = ctx.hosts.wait_until_ready().await;
+    let ns = bm
+        .namespace()
+        .ok_or_else(|| Error::Invalid("ByoMachine without namespace".into()))?;
+    let api: Api<ByoMachine> = Api::namespaced(ctx.client.clone(), &ns);
+
+    let machine = owner_machine(&bm, &ctx, &ns).await?;
+    let cluster = match &machine {
+        Some(m) => Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&m.spec.cluster_name)
+            .await
+            .map_err(kerr(format!("get Cluster {ns}/{}", m.spec.cluster_name)))?,
+        None => None,
+    };
+    let mut status = bm.status.clone().unwrap_or_default();
+    if let Some(reason) = paused(cluster.as_ref(), bm.as_ref()) {
+        set(&mut status, &bm, types::PAUSED, Status::True, "Paused", reason);
+        write_status(&api, &bm, status, &ctx).await?;
+        return Ok(Action::await_change());
+    }
+    set(&mut status, &bm, types::PAUSED, Status::False, "NotPaused", "");
+    if status != bm.status.clone().unwrap_or_default() {
+        write_status(&api, &bm, status, &ctx).await?;
+    }
+
+    let c = ctx.clone();
+    finalizer(&api, FINALIZER, bm, |event| async move {
+        match event {
+            FinalizerEvent::Apply(bm) => apply(bm, &c, machine, cluster).await,
+            FinalizerEvent::Cleanup(bm) => release::cleanup(bm, &c).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Retries failed reconciles: quickly after a lost race, with a pause otherwise.
+pub fn error_policy(bm: Arc<ByoMachine>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failed(CONTROLLER, err.label());
+    if let Some(after) = crate::error::retry_after(err) {
+        return Action::requeue(after);
+    }
+    tracing::warn!(byomachine = %bm.name_any(), namespace = ?bm.namespace(), error = %err, "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn apply(
+    bm: Arc<ByoMachine>,
+    ctx: &Context,
+    machine: Option<Machine>,
+    cluster: Option<Cluster>,
+) -> Result<Action> {
+    let ns = bm.namespace().unwrap_or_default();
+    let api: Api<ByoMachine> = Api::namespaced(ctx.client.clone(), &ns);
+    let me = ObjectRef::from_obj(bm.as_ref());
+    let mut status = bm.status.clone().unwrap_or_default();
+    let provisioned = status.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
+
+    let wait = |status: &mut ByoMachineStatus, reason: &str, message: String| {
+        set(status, &bm, types::HOST_ASSIGNED, Status::False, reason, &message);
+        set(status, &bm, types::READY, Status::False, reason, &message);
+    };
+    let Some(machine) = machine else {
+        wait(
+            &mut status,
+            "WaitingForMachineOwner",
+            "no Machine owns this ByoMachine yet".into(),
+        );
+        write_status(&api, &bm, status, ctx).await?;
+        return Ok(Action::await_change());
+    };
+    let Some(cluster) = cluster else {
+        wait(
+            &mut status,
+            "WaitingForCluster",
+            format!("Cluster {} does not exist", machine.spec.cluster_name),
+        );
+        write_status(&api, &bm, status, ctx).await?;
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    };
+    let infra_ready = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.infrastructure_provisioned);
+    if infra_ready != Some(true) && !provisioned {
+        wait(
+            &mut status,
+            "WaitingForClusterInfrastructure",
+            "the Cluster's ByoCluster is not provisioned yet".into(),
+        );
+        write_status(&api, &bm, status, ctx).await?;
+        return Ok(Action::await_change());
+    }
+    let Some(data_secret) = machine.spec.bootstrap.data_secret_name.clone() else {
+        wait(
+            &mut status,
+            "WaitingForBootstrapData",
+            "Machine.spec.bootstrap.dataSecretName is not set yet".into(),
+        );
+        write_status(&api, &bm, status, ctx).await?;
+        return Ok(Action::await_change());
+    };
+
+    let host = match claim::ensure(&bm, ctx, &machine).await? {
+        claim::Claim::Held(host) => *host,
+        claim::Claim::Waiting { reason, message } => {
+            ctx.set_waiting(me, true);
+            wait(&mut status, reason, message);
+            write_status(&api, &bm, status, ctx).await?;
+            // Woken by host and Lease events; the requeue is only a safety net.
+            return Ok(Action::requeue(Duration::from_secs(60)));
+        }
+    };
+    ctx.set_waiting(me, false);
+    let host_ns = host.namespace().unwrap_or_default();
+    status.host_ref = Some(HostRef {
+        namespace: host_ns.clone(),
+        name: host.name_any(),
+        uid: host.uid(),
+    });
+    set(
+        &mut status,
+        &bm,
+        types::HOST_ASSIGNED,
+        Status::True,
+        "HostClaimed",
+        &format!("host {host_ns}/{}", host.name_any()),
+    );
+
+    let host = bootstrap::ensure(&bm, ctx, &host, &machine, &cluster, &data_secret).await?;
+    let provider_id = format!("byoh://{host_ns}/{}", host.name_any());
+    if bm.spec.provider_id.is_none() || bm.annotations().contains_key(labels::CLUSTERCTL_BLOCK_MOVE) {
+        // The claim and bootstrap hand-over are complete: record the providerID and let
+        // `clusterctl move` proceed again.
+        let patch = json!({
+            "metadata": {"annotations": {labels::CLUSTERCTL_BLOCK_MOVE: null}},
+            "spec": {"providerID": provider_id},
+        });
+        api.patch(&bm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kerr(format!(
+                "set providerID of ByoMachine {ns}/{}",
+                bm.name_any()
+            )))?;
+    }
+
+    status.addresses = addresses(&host);
+    status.failure_domain = host.labels().get(labels::ZONE).cloned();
+    let mut requeue = None;
+    if provisioned || pool::reported_for_current_spec(&host, types::BOOTSTRAP_SUCCEEDED) {
+        set(
+            &mut status,
+            &bm,
+            types::HOST_BOOTSTRAPPED,
+            Status::True,
+            "BootstrapSucceeded",
+            "",
+        );
+        set(&mut status, &bm, types::READY, Status::True, "Provisioned", "");
+        status.initialization = Some(Initialization {
+            provisioned: Some(true),
+        });
+        if let Err(e) = bootstrap::set_node_provider_id(ctx, &ns, &cluster, &host, &provider_id).await {
+            tracing::info!(byomachine = %bm.name_any(), error = %e, "workload Node not labelled yet");
+            requeue = Some(Duration::from_secs(30));
+        }
+    } else {
+        let failed = host
+            .status
+            .as_ref()
+            .and_then(|s| conditions::get(&s.conditions, types::BOOTSTRAP_SUCCEEDED))
+            .filter(|c| {
+                c.status == "False"
+                    && c.observed_generation.unwrap_or(0) >= host.metadata.generation.unwrap_or(0)
+            });
+        let (reason, message) = match failed {
+            Some(c) => (
+                "BootstrapFailed",
+                format!("host {}: {}: {}", host.name_any(), c.reason, c.message),
+            ),
+            None => (
+                "WaitingForBootstrap",
+                format!("host {} is running its bootstrap data", host.name_any()),
+            ),
+        };
+        set(
+            &mut status,
+            &bm,
+            types::HOST_BOOTSTRAPPED,
+            Status::False,
+            reason,
+            &message,
+        );
+        set(&mut status, &bm, types::READY, Status::False, reason, &message);
+    }
+    write_status(&api, &bm, status, ctx).await?;
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// The CAPI Machine that owns this ByoMachine.
+async fn owner_machine(bm: &ByoMachine, ctx: &Context, ns: &str) -> Result<Option<Machine>> {
+    let Some(owner) = bm
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Machine" && o.api_version.starts_with("cluster.x-k8s.io/"))
+    else {
+        return Ok(None);
+    };
+    Api::<Machine>::namespaced(ctx.client.clone(), ns)
+        .get_opt(&owner.name)
+        .await
+        .map_err(kerr(format!("get Machine {ns}/{}", owner.name)))
+}
+
+/// Why reconciliation is paused, if it is.
+pub fn paused<K: Resource>(cluster: Option<&Cluster>, obj: &K) -> Option<&'static str> {
+    if cluster.is_some_and(|c| c.spec.paused == Some(true)) {
+        Some("Cluster spec.paused is set to true")
+    } else if obj
+        .meta()
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(labels::PAUSED))
+    {
+        Some("the object has the cluster.x-k8s.io/paused annotation")
+    } else {
+        None
+    }
+}
+
+fn set(status: &mut ByoMachineStatus, bm: &ByoMachine, type_: &str, s: Status, reason: &str, message: &str) {
+    conditions::set(
+        &mut status.conditions,
+        type_,
+        s,
+        reason,
+        message,
+        bm.metadata.generation,
+        conditions::now(),
+    );
+}
+
+/// The host's addresses: its interfaces' IPs (without prefix length) and its host name.
+pub fn addresses(host: &ByoHost) -> Vec<MachineAddress> {
+    let mut out = Vec::new();
+    if let Some(status) = &host.status {
+        let mut ifaces: Vec<_> = status.network.iter().collect();
+        ifaces.sort_by_key(|i| !i.is_default); // the default route's interface first
+        for i in ifaces {
+            for ip in &i.ip_addrs {
+                let addr = ip.split('/').next().unwrap_or(ip).to_string();
+                out.push(MachineAddress {
+                    type_: MachineAddressType::InternalIp,
+                    address: addr,
+                });
+            }
+        }
+        if let Some(h) = status.host_info.as_ref().and_then(|i| i.hostname.clone()) {
+            out.push(MachineAddress {
+                type_: MachineAddressType::Hostname,
+                address: h,
+            });
+        }
+    }
+    out
+}
+
+/// Writes the status when it differs from what the object has, publishing an Event for each of
+/// our conditions whose status or reason changed.
+pub async fn write_status(
+    api: &Api<ByoMachine>,
+    bm: &ByoMachine,
+    status: ByoMachineStatus,
+    ctx: &Context,
+) -> Result<()> {
+    let old = bm.status.clone().unwrap_or_default();
+    if old == status {
+        return Ok(());
+    }
+    for c in &status.conditions {
+        let before = conditions::get(&old.conditions, &c.type_);
+        if c.type_ != types::PAUSED && before.is_none_or(|b| b.status != c.status || b.reason != c.reason) {
+            let warning = c.status == "False"
+                && matches!(
+                    c.reason.as_str(),
+                    "BootstrapFailed" | "NoMatchingHost" | "InvalidSelector"
+                );
+            let note = if c.message.is_empty() {
+                format!("{} is {}", c.type_, c.status)
+            } else {
+                c.message.clone()
+            };
+            ctx.event(bm, warning, &c.reason, &c.type_, note).await;
+        }
+    }
+    let body = json!({
+        "apiVersion": ByoMachine::api_version(&()),
+        "kind": ByoMachine::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &bm.name_any(),
+        &PatchParams::apply(STATUS_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(kerr(format!("write status of ByoMachine {}", bm.name_any())))?;
+    Ok(())
+}

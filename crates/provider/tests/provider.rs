@@ -1,0 +1,436 @@
+//! The provider against the real control plane: hosts claimed race-free and only when healthy,
+//! bootstrap data readable by its host alone, waiting machines woken by arriving hosts, release
+//! and quarantine, pause.
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use bootsman_api::v1beta1::{ByoMachine, Quarantine};
+use bootsman_testenv::wait_for;
+use common::{Site, WAIT, condition, role};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::Role;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+
+async fn bound_host(site: &Site, machine: &str) -> String {
+    wait_for(
+        &format!("ByoMachine {machine} to get a providerID"),
+        WAIT,
+        || async {
+            let bm = site.byomachines().get(machine).await.map_err(|e| e.to_string())?;
+            bm.spec
+                .provider_id
+                .clone()
+                .ok_or_else(|| format!("status: {:?}", bm.status))
+        },
+    )
+    .await
+    .rsplit('/')
+    .next()
+    .unwrap()
+    .to_string()
+}
+
+async fn provisioned(site: &Site, machine: &str) -> ByoMachine {
+    wait_for(
+        &format!("ByoMachine {machine} to be provisioned"),
+        WAIT,
+        || async {
+            let bm = site.byomachines().get(machine).await.map_err(|e| e.to_string())?;
+            let p = bm
+                .status
+                .as_ref()
+                .and_then(|s| s.initialization.as_ref())
+                .and_then(|i| i.provisioned);
+            if p == Some(true) {
+                Ok(bm)
+            } else {
+                Err(format!("{:?}", bm.status))
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn three_machines_five_hosts() {
+    let mut site = Site::new("bind").await;
+    site.start_provider(site.config()).await;
+    let mut hosts = Vec::new();
+    for i in 0..5 {
+        hosts.push(site.host(&format!("host-{i}"), &[("role", "worker")], true).await);
+    }
+    site.cluster("c1", false).await;
+    for i in 0..3 {
+        site.machine("c1", &format!("m{i}"), Some(role("worker"))).await;
+    }
+    let mut bound = BTreeSet::new();
+    for i in 0..3 {
+        let host = bound_host(&site, &format!("m{i}")).await;
+        let bm = site.byomachines().get(&format!("m{i}")).await.unwrap();
+        assert_eq!(
+            bm.spec.provider_id.as_deref(),
+            Some(format!("byoh://{}/{host}", site.ns).as_str())
+        );
+        bound.insert(host);
+    }
+    assert_eq!(bound.len(), 3, "three distinct hosts: {bound:?}");
+
+    // Each bound host reads its own bootstrap data and nobody else's.
+    let by_name = |n: &str| hosts.iter().find(|h| h.name == n).unwrap();
+    let names: Vec<&String> = bound.iter().collect();
+    for name in &names {
+        let host = by_name(name);
+        let secret_name = wait_for("the host to be pointed at its bootstrap Secret", WAIT, || async {
+            host.get()
+                .await
+                .spec
+                .bootstrap_secret
+                .map(|s| s.name)
+                .ok_or_else(|| "not yet".to_string())
+        })
+        .await;
+        let own = Api::<Secret>::namespaced(host.client.clone(), &site.ns)
+            .get(&secret_name)
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&own.data.unwrap()["value"].0).contains("#cloud-config"));
+    }
+    let (a, b) = (by_name(names[0]), by_name(names[1]));
+    let b_secret = b.get().await.spec.bootstrap_secret.unwrap().name;
+    let denied = Api::<Secret>::namespaced(a.client.clone(), &site.ns)
+        .get(&b_secret)
+        .await;
+    assert!(
+        matches!(denied, Err(kube::Error::Api(s)) if s.code == 403),
+        "another host's bootstrap Secret must be 403"
+    );
+    let unbound = hosts.iter().find(|h| !bound.contains(&h.name)).unwrap();
+    let denied = Api::<Secret>::namespaced(unbound.client.clone(), &site.ns)
+        .list(&Default::default())
+        .await;
+    assert!(
+        matches!(denied, Err(kube::Error::Api(s)) if s.code == 403),
+        "listing Secrets must be 403"
+    );
+
+    // Not provisioned until the host reports success; then provisioned with its addresses.
+    let bm = site.byomachines().get("m0").await.unwrap();
+    assert_ne!(
+        bm.status
+            .as_ref()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.provisioned),
+        Some(true)
+    );
+    for i in 0..3 {
+        let name = bound_host(&site, &format!("m{i}")).await;
+        by_name(&name).report("BootstrapSucceeded", true, "Done").await;
+        let bm = provisioned(&site, &format!("m{i}")).await;
+        assert_eq!(
+            condition(&bm, "Ready"),
+            Some(("True".into(), "Provisioned".into()))
+        );
+        assert!(
+            bm.status
+                .unwrap()
+                .addresses
+                .iter()
+                .any(|a| a.address == "127.0.0.1")
+        );
+    }
+    site.stop().await;
+}
+
+#[tokio::test]
+async fn control_plane_machines_take_only_control_plane_hosts() {
+    let mut site = Site::new("select").await;
+    site.start_provider(site.config()).await;
+    for i in 0..3 {
+        site.host(&format!("worker-{i}"), &[("role", "worker")], true)
+            .await;
+    }
+    for i in 0..2 {
+        site.host(&format!("cp-{i}"), &[("role", "control-plane")], true)
+            .await;
+    }
+    site.cluster("c1", false).await;
+    for i in 0..2 {
+        site.machine("c1", &format!("cp{i}"), Some(role("control-plane")))
+            .await;
+    }
+    let a = bound_host(&site, "cp0").await;
+    let b = bound_host(&site, "cp1").await;
+    site.machine("c1", "cp2", Some(role("control-plane"))).await;
+    assert!(a.starts_with("cp-") && b.starts_with("cp-") && a != b, "{a} {b}");
+    // The third control-plane machine finds no free control-plane host and never takes a worker.
+    wait_for("cp2 to wait for a host", WAIT, || async {
+        let bm = site.byomachines().get("cp2").await.map_err(|e| e.to_string())?;
+        match condition(&bm, "HostAssigned") {
+            Some((s, r)) if s == "False" && r == "WaitingForHost" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        site.byomachines()
+            .get("cp2")
+            .await
+            .unwrap()
+            .spec
+            .provider_id
+            .is_none()
+    );
+    site.stop().await;
+}
+
+#[tokio::test]
+async fn a_waiting_machine_is_woken_by_an_arriving_host() {
+    let mut site = Site::new("wake").await;
+    site.start_provider(site.config()).await;
+    site.cluster("c1", false).await;
+    site.machine("c1", "m0", None).await;
+    wait_for("m0 to report that no host matches", WAIT, || async {
+        let bm = site.byomachines().get("m0").await.map_err(|e| e.to_string())?;
+        match condition(&bm, "HostAssigned") {
+            Some((s, r)) if s == "False" && r == "NoMatchingHost" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    site.host("first", &[], true).await;
+    bound_host(&site, "m0").await;
+    site.machine("c1", "m1", None).await;
+    wait_for("m1 to wait for a host", WAIT, || async {
+        let bm = site.byomachines().get("m1").await.map_err(|e| e.to_string())?;
+        match condition(&bm, "HostAssigned") {
+            Some((s, r)) if s == "False" && r == "WaitingForHost" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let registered = Instant::now();
+    site.host("late", &[], true).await;
+    let host = bound_host(&site, "m1").await;
+    let took = registered.elapsed();
+    assert_eq!(host, "late");
+    assert!(
+        took < Duration::from_secs(2),
+        "a host that registers must be claimed within 2 s, took {took:?}"
+    );
+    site.stop().await;
+}
+
+#[tokio::test]
+async fn offline_maintenance_and_quarantined_hosts_are_never_chosen() {
+    let mut site = Site::new("health").await;
+    site.start_provider(site.config()).await;
+    site.host("offline", &[], false).await;
+    site.host("maint", &[], true).await;
+    site.host("quarantined", &[], true).await;
+    let hosts = site.byohosts();
+    hosts
+        .patch(
+            "maint",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"maintenance": true}})),
+        )
+        .await
+        .unwrap();
+    let q = Quarantine {
+        reason: "test".into(),
+        since: Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    hosts
+        .patch(
+            "quarantined",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"quarantine": q}})),
+        )
+        .await
+        .unwrap();
+    site.cluster("c1", false).await;
+    for i in 0..3 {
+        site.machine("c1", &format!("m{i}"), None).await;
+    }
+    wait_for("every machine to wait for a host", WAIT, || async {
+        for i in 0..3 {
+            let bm = site
+                .byomachines()
+                .get(&format!("m{i}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            match condition(&bm, "HostAssigned") {
+                Some((s, r)) if s == "False" && r == "WaitingForHost" => {}
+                other => return Err(format!("m{i}: {other:?}")),
+            }
+        }
+        Ok(())
+    })
+    .await;
+    // The provider reports the offline host's state from its Lease.
+    wait_for("the offline host's phase", WAIT, || async {
+        let h = hosts.get("offline").await.map_err(|e| e.to_string())?;
+        match h.status.and_then(|s| s.phase) {
+            Some(bootsman_api::v1beta1::HostPhase::Offline) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    for name in ["offline", "maint", "quarantined"] {
+        assert!(
+            hosts.get(name).await.unwrap().spec.machine_ref.is_none(),
+            "{name} must not be claimed"
+        );
+    }
+    site.host("healthy", &[], true).await;
+    let mut taken = 0;
+    for i in 0..3 {
+        if site
+            .byomachines()
+            .get(&format!("m{i}"))
+            .await
+            .unwrap()
+            .spec
+            .provider_id
+            .is_some()
+        {
+            taken += 1;
+        }
+    }
+    let host = wait_for("one machine to take the healthy host", WAIT, || async {
+        let h = hosts.get("healthy").await.map_err(|e| e.to_string())?;
+        h.spec.machine_ref.ok_or_else(|| "not claimed".to_string())
+    })
+    .await;
+    assert!(host.name.starts_with('m'));
+    assert_eq!(taken, 0);
+    site.stop().await;
+}
+
+#[tokio::test]
+async fn release_returns_the_host_clean_or_quarantines_it() {
+    let mut site = Site::new("release").await;
+    let mut config = site.config();
+    config.release_timeout = Duration::from_secs(3);
+    site.start_provider(config).await;
+    let good = site.host("good", &[("role", "a")], true).await;
+    let silent = site.host("silent", &[("role", "b")], true).await;
+    site.cluster("c1", false).await;
+    site.machine("c1", "ma", Some(role("a"))).await;
+    site.machine("c1", "mb", Some(role("b"))).await;
+    assert_eq!(bound_host(&site, "ma").await, "good");
+    assert_eq!(bound_host(&site, "mb").await, "silent");
+    good.report("BootstrapSucceeded", true, "Done").await;
+    provisioned(&site, "ma").await;
+    wait_for("silent's bootstrap Secret", WAIT, || async {
+        silent
+            .get()
+            .await
+            .spec
+            .bootstrap_secret
+            .ok_or_else(|| "none".to_string())
+    })
+    .await;
+
+    site.byomachines()
+        .delete("ma", &DeleteParams::default())
+        .await
+        .unwrap();
+    site.byomachines()
+        .delete("mb", &DeleteParams::default())
+        .await
+        .unwrap();
+    // The good host is asked to reset, does so, and reports it.
+    wait_for("the good host's release request", WAIT, || async {
+        good.get().await.spec.release.ok_or_else(|| "none".to_string())
+    })
+    .await;
+    let still = site.byomachines().get_opt("ma").await.unwrap();
+    assert!(
+        still.is_some(),
+        "the finalizer holds until the host is clean; host: {:?}",
+        site.byohosts().get("good").await.unwrap()
+    );
+    good.report("CleanupSucceeded", true, "Reset").await;
+    wait_for("ma to be gone", WAIT, || async {
+        match site
+            .byomachines()
+            .get_opt("ma")
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(()),
+            Some(_) => Err("still there".into()),
+        }
+    })
+    .await;
+    let h = site.byohosts().get("good").await.unwrap();
+    assert!(h.spec.machine_ref.is_none() && h.spec.bootstrap_secret.is_none() && h.spec.release.is_none());
+    assert!(h.spec.quarantine.is_none());
+    let secrets: Api<Secret> = Api::namespaced(site.admin.clone(), &site.ns);
+    let roles: Api<Role> = Api::namespaced(site.admin.clone(), &site.ns);
+    assert!(secrets.get_opt("good-bootstrap").await.unwrap().is_none());
+    assert!(roles.get_opt("good-bootstrap-reader").await.unwrap().is_none());
+
+    // The silent host never answers: quarantined after the timeout, and the deletion completes.
+    wait_for("mb to be gone", WAIT, || async {
+        match site
+            .byomachines()
+            .get_opt("mb")
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(()),
+            Some(_) => Err("still there".into()),
+        }
+    })
+    .await;
+    let h = site.byohosts().get("silent").await.unwrap();
+    assert!(h.spec.quarantine.is_some(), "the silent host must be quarantined");
+    assert!(h.spec.machine_ref.is_none());
+    assert!(secrets.get_opt("silent-bootstrap").await.unwrap().is_none());
+
+    // The released host serves the next machine; the quarantined one does not.
+    site.machine("c1", "mc", None).await;
+    assert_eq!(bound_host(&site, "mc").await, "good");
+    site.stop().await;
+}
+
+#[tokio::test]
+async fn a_paused_cluster_gets_no_claims() {
+    let mut site = Site::new("pause").await;
+    site.start_provider(site.config()).await;
+    site.host("h", &[], true).await;
+    site.cluster("c1", true).await;
+    site.machine("c1", "m0", None).await;
+    let bm = wait_for("the Paused condition", WAIT, || async {
+        let bm = site.byomachines().get("m0").await.map_err(|e| e.to_string())?;
+        match condition(&bm, "Paused") {
+            Some((s, _)) if s == "True" => Ok(bm),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(site.byohosts().get("h").await.unwrap().spec.machine_ref.is_none());
+    assert!(bm.spec.provider_id.is_none());
+    // Unpausing lets the claim happen.
+    Api::<bootsman_api::capi::Cluster>::namespaced(site.admin.clone(), &site.ns)
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bound_host(&site, "m0").await, "h");
+    let _ = bm.name_any();
+    site.stop().await;
+}
