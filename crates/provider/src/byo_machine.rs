@@ -216,7 +216,7 @@ async fn apply(
         });
         if let Err(e) = bootstrap::set_node_provider_id(ctx, &ns, &cluster, &host, &provider_id).await {
             tracing::info!(byomachine = %bm.name_any(), error = %e, "workload Node not labelled yet");
-            requeue = Some(Duration::from_secs(30));
+            requeue = Some(Duration::from_secs(10));
         }
     } else {
         let failed = host

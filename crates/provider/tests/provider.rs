@@ -434,3 +434,51 @@ async fn a_paused_cluster_gets_no_claims() {
     let _ = bm.name_any();
     site.stop().await;
 }
+
+/// Where `<cluster>-kubeconfig` exists, the workload Node named after the host gets the
+/// machine's providerID (the workload cluster here is the test control plane itself).
+#[tokio::test]
+async fn the_workload_node_gets_the_provider_id() {
+    use k8s_openapi::api::core::v1::Node;
+    let mut site = Site::new("node").await;
+    site.start_provider(site.config()).await;
+    let host = site.host("node-host", &[], true).await;
+    site.cluster("c1", false).await;
+    let kubeconfig = std::fs::read(site.env.kubeconfig()).unwrap();
+    let secret = Secret {
+        metadata: common::meta("c1-kubeconfig", &site.ns),
+        data: Some([("value".to_string(), k8s_openapi::ByteString(kubeconfig))].into()),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(site.admin.clone(), &site.ns)
+        .create(&Default::default(), &secret)
+        .await
+        .unwrap();
+    let node_name = format!("node-host-{}", site.ns);
+    // The host reports its kernel host name; the Node carries it.
+    let nodes: Api<Node> = Api::all(site.admin.clone());
+    let node = Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some(node_name.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    nodes.create(&Default::default(), &node).await.unwrap();
+    host.inventory(&node_name).await;
+    site.machine("c1", "m0", None).await;
+    bound_host(&site, "m0").await;
+    host.report("BootstrapSucceeded", true, "Done").await;
+    provisioned(&site, "m0").await;
+    let want = format!("byoh://{}/node-host", site.ns);
+    wait_for("the workload Node's providerID", WAIT, || async {
+        let n = nodes.get(&node_name).await.map_err(|e| e.to_string())?;
+        match n.spec.and_then(|s| s.provider_id) {
+            Some(id) if id == want => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    nodes.delete(&node_name, &DeleteParams::default()).await.unwrap();
+    site.stop().await;
+}

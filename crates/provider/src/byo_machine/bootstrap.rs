@@ -230,7 +230,12 @@ pub async fn set_node_provider_id(
         .get_opt(&node_name)
         .await
         .map_err(kerr(format!("get workload Node {node_name}")))?;
-    match node.and_then(|n| n.spec).and_then(|s| s.provider_id) {
+    let Some(node) = node else {
+        return Err(Error::Invalid(format!(
+            "workload Node {node_name} has not joined yet"
+        )));
+    };
+    match node.spec.and_then(|s| s.provider_id) {
         Some(id) if id == provider_id => Ok(()),
         Some(other) => Err(Error::Invalid(format!(
             "workload Node {node_name} has providerID {other}, expected {provider_id}"

@@ -43,7 +43,11 @@ pub fn meta(name: &str, ns: &str) -> ObjectMeta {
 impl Site {
     /// A fresh namespace where hosts (group `byoh:hosts`) may register and heartbeat.
     pub async fn new(prefix: &str) -> Self {
-        let env = TestEnv::shared().await;
+        Self::new_in(TestEnv::shared().await, prefix).await
+    }
+
+    /// The same in a given environment (e.g. one with the Cluster API managers running).
+    pub async fn new_in(env: &'static TestEnv, prefix: &str) -> Self {
         let ns = env.create_namespace(prefix).await;
         let admin = env.client().await;
         let role = Role {
@@ -142,6 +146,7 @@ impl Site {
             ns: self.ns.clone(),
             client,
         };
+        host.inventory(name).await;
         host.report("Registered", true, "Registered").await;
         host.heartbeat(if online { 3600 } else { -3600 }).await;
         host
@@ -319,9 +324,6 @@ impl Host {
             "apiVersion": ByoHost::api_version(&()),
             "kind": "ByoHost",
             "status": {
-                "agentVersion": "test",
-                "hostInfo": {"hostname": self.name},
-                "network": [{"networkInterfaceName": "eth0", "ipAddrs": ["127.0.0.1/8"], "isDefault": true}],
                 "conditions": [{
                     "type": type_, "status": if ok { "True" } else { "False" }, "reason": reason, "message": "",
                     "lastTransitionTime": Timestamp::now().to_string(), "observedGeneration": generation,
@@ -335,6 +337,27 @@ impl Host {
         )
         .await
         .unwrap();
+    }
+
+    /// Reports the host's inventory (host name and interfaces) as its agent would.
+    pub async fn inventory(&self, hostname: &str) {
+        let body = json!({
+            "apiVersion": ByoHost::api_version(&()),
+            "kind": "ByoHost",
+            "status": {
+                "agentVersion": "test",
+                "hostInfo": {"hostname": hostname},
+                "network": [{"networkInterfaceName": "eth0", "ipAddrs": ["127.0.0.1/8"], "isDefault": true}],
+            },
+        });
+        Api::<ByoHost>::namespaced(self.client.clone(), &self.ns)
+            .patch_status(
+                &self.name,
+                &PatchParams::apply("byoh-agent/inventory").force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .unwrap();
     }
 
     /// The host's ByoHost as the host itself reads it.
