@@ -482,3 +482,47 @@ async fn the_workload_node_gets_the_provider_id() {
     nodes.delete(&node_name, &DeleteParams::default()).await.unwrap();
     site.stop().await;
 }
+
+/// Machines draw from their own namespace and from shared pools that allow their namespace,
+/// never from pools that do not.
+#[tokio::test]
+async fn shared_pools_serve_only_the_namespaces_they_allow() {
+    let mut pool = Site::new("pool").await;
+    let team = Site::new("team").await;
+    let other = Site::new("other").await;
+    let filter = pool.ns.clone();
+    let config = bootsman_provider::Config {
+        namespace: None,
+        watch_filter: Some(filter.clone()),
+        shared_pools: vec![
+            bootsman_provider::SharedPool::parse(&format!("{}={}", pool.ns, team.ns)).unwrap(),
+        ],
+        ..bootsman_provider::Config::default()
+    };
+    pool.start_provider(config).await;
+    pool.host("shared-1", &[], true).await;
+    for site in [&team, &other] {
+        site.cluster("c1", false).await;
+        site.machine("c1", "m0", None).await;
+        let patch = serde_json::json!({"metadata": {"labels": {"cluster.x-k8s.io/watch-filter": filter}}});
+        site.byomachines()
+            .patch("m0", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    let id = wait_for("the team's machine to take the shared host", WAIT, || async {
+        let bm = team.byomachines().get("m0").await.map_err(|e| e.to_string())?;
+        bm.spec.provider_id.ok_or_else(|| format!("{:?}", bm.status))
+    })
+    .await;
+    assert_eq!(id, format!("byoh://{}/shared-1", pool.ns));
+    wait_for("the other namespace's machine to find no host", WAIT, || async {
+        let bm = other.byomachines().get("m0").await.map_err(|e| e.to_string())?;
+        match condition(&bm, "HostAssigned") {
+            Some((s, r)) if s == "False" && r == "NoMatchingHost" => Ok(()),
+            o => Err(format!("{o:?}")),
+        }
+    })
+    .await;
+    pool.stop().await;
+}
