@@ -19,10 +19,11 @@ use bootsman_api::v1beta1::{
     ApiEndpoint, ByoCluster, ByoClusterStatus, ByoMachine, FailureDomain, Initialization,
 };
 use bootsman_runtime::conditions::{self, Status};
+use bootsman_runtime::ssa;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use crate::byo_machine::{STATUS_MANAGER, paused};
@@ -73,12 +74,7 @@ pub async fn reconcile(bc: Arc<ByoCluster>, ctx: Arc<Context>) -> Result<Action>
 
 /// Retries failed reconciles after a pause.
 pub fn error_policy(bc: Arc<ByoCluster>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.failed(CONTROLLER, err.label());
-    if let Some(after) = crate::error::retry_after(err) {
-        return Action::requeue(after);
-    }
-    tracing::warn!(byocluster = %bc.name_any(), namespace = ?bc.namespace(), error = %err, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    ctx.requeue_after_error(CONTROLLER, bc.as_ref(), err)
 }
 
 async fn apply(
@@ -188,14 +184,9 @@ async fn write_status(api: &Api<ByoCluster>, bc: &ByoCluster, status: ByoCluster
     if bc.status.as_ref() == Some(&status) {
         return Ok(());
     }
-    let body =
-        json!({"apiVersion": ByoCluster::api_version(&()), "kind": ByoCluster::kind(&()), "status": status});
-    api.patch_status(
-        &bc.name_any(),
-        &PatchParams::apply(STATUS_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map_err(kerr(format!("write status of ByoCluster {}", bc.name_any())))?;
+    let body = ssa::body::<ByoCluster>(&bc.name_any(), None, json!({"status": status}));
+    ssa::apply_status(api, STATUS_MANAGER, &bc.name_any(), &body)
+        .await
+        .map_err(kerr(format!("write status of ByoCluster {}", bc.name_any())))?;
     Ok(())
 }

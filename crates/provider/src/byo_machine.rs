@@ -26,6 +26,7 @@ use bootsman_api::v1beta1::{
     ByoHost, ByoMachine, ByoMachineStatus, HostRef, Initialization, MachineAddress, MachineAddressType,
 };
 use bootsman_runtime::conditions::{self, Status};
+use bootsman_runtime::ssa;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
@@ -89,12 +90,7 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action>
 
 /// Retries failed reconciles: quickly after a lost race, with a pause otherwise.
 pub fn error_policy(bm: Arc<ByoMachine>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.failed(CONTROLLER, err.label());
-    if let Some(after) = crate::error::retry_after(err) {
-        return Action::requeue(after);
-    }
-    tracing::warn!(byomachine = %bm.name_any(), namespace = ?bm.namespace(), error = %err, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    ctx.requeue_after_error(CONTROLLER, bm.as_ref(), err)
 }
 
 async fn apply(
@@ -347,17 +343,9 @@ pub async fn write_status(
             ctx.event(bm, warning, &c.reason, &c.type_, note).await;
         }
     }
-    let body = json!({
-        "apiVersion": ByoMachine::api_version(&()),
-        "kind": ByoMachine::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &bm.name_any(),
-        &PatchParams::apply(STATUS_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map_err(kerr(format!("write status of ByoMachine {}", bm.name_any())))?;
+    let body = ssa::body::<ByoMachine>(&bm.name_any(), None, json!({"status": status}));
+    ssa::apply_status(api, STATUS_MANAGER, &bm.name_any(), &body)
+        .await
+        .map_err(kerr(format!("write status of ByoMachine {}", bm.name_any())))?;
     Ok(())
 }

@@ -94,6 +94,23 @@ impl Context {
         }
     }
 
+    /// The retry of a failed reconcile of `obj` by `controller`: counted, quick after a lost race
+    /// or while waiting, logged and retried after a pause otherwise.
+    pub fn requeue_after_error<K: kube::Resource>(
+        &self,
+        controller: &'static str,
+        obj: &K,
+        err: &crate::error::Error,
+    ) -> kube::runtime::controller::Action {
+        self.metrics.failed(controller, err.label());
+        if let Some(after) = crate::error::retry_after(err) {
+            return kube::runtime::controller::Action::requeue(after);
+        }
+        let meta = obj.meta();
+        tracing::warn!(controller, name = ?meta.name, namespace = ?meta.namespace, error = %err, "reconcile failed");
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(5))
+    }
+
     /// Marks a machine as waiting for a host (or not).
     pub fn set_waiting(&self, machine: ObjectRef<ByoMachine>, waiting: bool) {
         if let Ok(mut w) = self.waiting.lock() {

@@ -103,9 +103,7 @@ pub async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Context>) -> Result<Action> 
 
 /// Retries failed reconciles after a pause.
 pub fn error_policy(host: Arc<ByoHost>, err: &crate::error::Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.failed(CONTROLLER, err.label());
-    tracing::warn!(byohost = %host.name_any(), error = %err, "health reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    ctx.requeue_after_error(CONTROLLER, host.as_ref(), err)
 }
 
 /// Recomputes `bootsman_provider_pool_hosts{pool,phase}` from the pool index.

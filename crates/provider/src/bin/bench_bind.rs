@@ -1,0 +1,685 @@
+//! `bench-bind`: how long the provider takes to bind N hosts to N machines, against how long the
+//! same API server takes for N plain writes.
+//!
+//! ```text
+//! cargo build --release -p bootsman-provider
+//! cargo run --release -p bootsman-provider --bin bench-bind -- --hosts 500
+//! ```
+//!
+//! What it does, in order:
+//!
+//! 1. starts a control plane of its own with [`bootsman_testenv::TestEnv::start`] (etcd,
+//!    kube-apiserver, kube-controller-manager on loopback);
+//! 2. **floor**: creates N ConfigMaps (16 at a time, untimed), then times N *sequential* merge
+//!    patches of them from one admin client: one round trip and one etcd write each, as a host
+//!    claim is. That is the least the server needs for N bindings done one after another;
+//! 3. creates N registered hosts (ByoHost plus a fresh heartbeat Lease named after it), one CAPI
+//!    Cluster with `status.initialization.infrastructureProvisioned = true`, and N Machines with
+//!    their bootstrap data Secrets and the ByoMachines they own (no selector), 16 at a time, all
+//!    before the provider starts;
+//! 4. runs the `bootsman-provider` binary next to this one as a separate process
+//!    (`--namespace NS --leader-elect=false`), with an identity of its own (user
+//!    `bootsman-bench-provider`, bound to `cluster-admin`, classified by a FlowSchema of its own
+//!    into the `exempt` priority level, so it is never throttled, as an admin client would not be),
+//!    and times from spawning it until a list (every `--poll-ms`, default 100 ms) sees
+//!    `spec.providerID` on every ByoMachine: **bound**;
+//! 5. **requests per binding**: `apiserver_request_total` has no user label, so the API server's
+//!    `/metrics` is scraped before the provider starts and after it has exited, the sum over all
+//!    series is taken, and the bench's own requests in that window (its polls and its first scrape)
+//!    and the idle background (kube-controller-manager and the server itself, measured for a few
+//!    seconds before the provider starts, scaled to the window) are subtracted; the rest is divided
+//!    by N. As a cross-check, `apiserver_flowcontrol_dispatched_requests_total` of the provider's
+//!    own FlowSchema counts exactly the provider's requests, when the server reports it;
+//! 6. the provider's peak RSS: `VmHWM` of `/proc/<pid>/status`, read after the last binding and
+//!    before the provider is stopped;
+//! 7. prints a summary and writes `<out>/bind-<N>.json` (keys `n`, `seconds`, `floor_seconds`,
+//!    `ratio`, `requests_per_binding`, `provider_rss_mib`, and more) and the provider's log
+//!    `<out>/bind-<N>-provider.log`; then stops the provider (SIGTERM) and the control plane.
+//!
+//! "Bound" is `spec.providerID`, which the provider sets after the claim and the bootstrap
+//! hand-over (per-host Secret, Role, RoleBinding, `ByoHost.spec.bootstrapSecret`); no agent runs,
+//! so no machine goes on to `provisioned`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use bootsman_api::capi::{
+    Bootstrap, Cluster, ClusterSpec, ContractVersionedObjectReference, Machine, MachineSpec,
+};
+use bootsman_api::labels;
+use bootsman_api::v1beta1::{ByoHost, ByoHostSpec, ByoMachine, ByoMachineSpec};
+use bootsman_testenv::{Options, TestEnv};
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::flowcontrol::v1::FlowSchema;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Setup requests in flight at once.
+const PARALLEL: usize = 16;
+/// The provider's identity (client-certificate CN) and the name of its FlowSchema.
+const PROVIDER_USER: &str = "bootsman-bench-provider";
+/// How long the idle background of the API server is measured.
+const BACKGROUND: Duration = Duration::from_secs(5);
+
+/// Binds N hosts to N machines with the provider and compares the time with N plain writes.
+#[derive(Parser, Debug)]
+#[command(about)]
+struct Args {
+    /// Number of hosts, and of machines.
+    #[arg(long, default_value_t = 100)]
+    hosts: usize,
+    /// Folder of the JSON result and the provider's log.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Interval between the lists that look for bound machines, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    poll_ms: u64,
+    /// Give up waiting for the bindings after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    timeout: u64,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let n = args.hosts;
+    if n == 0 {
+        bail!("--hosts must be at least 1");
+    }
+    let provider_bin = std::env::current_exe()?.with_file_name("bootsman-provider");
+    if !provider_bin.is_file() {
+        bail!(
+            "{} is missing: build it next to this binary first (cargo build --release -p bootsman-provider)",
+            provider_bin.display()
+        );
+    }
+    std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
+
+    eprintln!("bench-bind: starting a control plane");
+    let env = TestEnv::start(Options::default())
+        .await
+        .context("start the control plane")?;
+    let result = bench(&env, &args, &provider_bin).await;
+    drop(env); // stops kube-controller-manager, kube-apiserver and etcd
+    let report = result?;
+    println!("{}", summary(&report));
+    let path = args.out.join(format!("bind-{n}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("write {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_json::Value> {
+    let n = args.hosts;
+    let admin = env.client().await;
+    let version = admin.apiserver_version().await?.git_version;
+
+    // 2. The floor.
+    let floor_ns = env.create_namespace("floor").await;
+    let floor = floor(&admin, &floor_ns, n).await?;
+    eprintln!("bench-bind: floor: {n} sequential ConfigMap merge patches in {floor:.3}s");
+
+    // 3. Setup, before the provider starts.
+    let ns = env.create_namespace("bench").await;
+    let setup_started = Instant::now();
+    provider_identity(&admin).await?;
+    create_hosts(&admin, &ns, n).await?;
+    create_cluster(&admin, &ns, "c1").await?;
+    create_machines(&admin, &ns, "c1", n).await?;
+    let setup_secs = setup_started.elapsed().as_secs_f64();
+    eprintln!("bench-bind: {n} hosts and {n} machines created in {setup_secs:.1}s");
+
+    // The idle background: what the server counts with nobody but kube-controller-manager (and
+    // this scrape) talking to it.
+    let idle_before = scrape(&admin).await?;
+    let idle_started = Instant::now();
+    tokio::time::sleep(BACKGROUND).await;
+    let before = scrape(&admin).await?;
+    let idle_secs = idle_started.elapsed().as_secs_f64();
+    let background_rate = ((before.total - idle_before.total - 1.0) / idle_secs).max(0.0);
+
+    // 4. The provider, as a process of its own.
+    let kubeconfig = env.kubeconfig_for(PROVIDER_USER, &[])?;
+    let metrics_port = bootsman_testenv::free_port()?;
+    let log_path = args.out.join(format!("bind-{n}-provider.log"));
+    let log = std::fs::File::create(&log_path).with_context(|| format!("create {}", log_path.display()))?;
+    let window_started = Instant::now();
+    let mut child = tokio::process::Command::new(provider_bin)
+        .args([
+            "--namespace",
+            &ns,
+            "--leader-elect=false",
+            "--metrics-bind-address",
+            &format!("127.0.0.1:{metrics_port}"),
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("start {}", provider_bin.display()))?;
+    let pid = child.id().context("the provider has no pid")?;
+
+    let bms: Api<ByoMachine> = Api::namespaced(admin.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    let mut polls = 0u64;
+    let mut poll_secs = 0.0;
+    let mut last_report = Instant::now();
+    let mut progress = Vec::new();
+    let seconds = loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("the provider exited early ({status}); see {}", log_path.display());
+        }
+        let t = Instant::now();
+        let list = bms.list(&ListParams::default()).await?;
+        polls += 1;
+        poll_secs += t.elapsed().as_secs_f64();
+        let bound = list.items.iter().filter(|m| m.spec.provider_id.is_some()).count();
+        let elapsed = window_started.elapsed().as_secs_f64();
+        if last_report.elapsed() >= Duration::from_secs(5) {
+            eprintln!("bench-bind: {elapsed:.0}s: {bound}/{n} bound");
+            progress.push(json!([elapsed.round(), bound]));
+            last_report = Instant::now();
+        }
+        if bound == n {
+            break elapsed;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "only {bound} of {n} machines bound after {}s; see {}",
+                args.timeout,
+                log_path.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(args.poll_ms)).await;
+    };
+    eprintln!("bench-bind: all {n} bound after {seconds:.2}s");
+
+    // 6. Peak RSS and the provider's own counters, then stop it.
+    let rss_mib = peak_rss_mib(pid)?;
+    let provider_metrics = provider_metrics(metrics_port).await.unwrap_or_default();
+    let _ = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await;
+    if tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .is_err()
+    {
+        eprintln!("bench-bind: the provider did not stop on SIGTERM within 15s; killing it");
+        child.kill().await?;
+    }
+    let window_secs = window_started.elapsed().as_secs_f64();
+
+    // 5. Requests: everything the server counted in the window, less ours and the background.
+    let after = scrape(&admin).await?;
+    let delta = after.total - before.total;
+    let own = polls as f64 + 1.0; // the polls, and the scrape `before` (a scrape counts once done)
+    let background = background_rate * window_secs;
+    let requests_per_binding = (delta - own - background) / n as f64;
+    let flowschema_requests = after
+        .by_flow_schema
+        .get(PROVIDER_USER)
+        .map(|a| a - before.by_flow_schema.get(PROVIDER_USER).copied().unwrap_or(0.0));
+    let mut by_request: BTreeMap<String, f64> = BTreeMap::new();
+    for (k, v) in &after.by_request {
+        let d = v - before.by_request.get(k).copied().unwrap_or(0.0);
+        if d > 0.0 {
+            by_request.insert(k.clone(), d);
+        }
+    }
+    if let Some(v) = by_request.get_mut("LIST byomachines 200") {
+        *v -= polls as f64; // our polls
+    }
+    by_request.retain(|_, v| *v > 0.0);
+    let mut top: Vec<(String, f64)> = by_request.into_iter().collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let top: serde_json::Map<String, serde_json::Value> =
+        top.into_iter().take(25).map(|(k, v)| (k, json!(v))).collect();
+
+    let ratio = seconds / floor;
+    Ok(json!({
+        "n": n,
+        "seconds": round3(seconds),
+        "floor_seconds": round3(floor),
+        "ratio": round3(ratio),
+        "requests_per_binding": round3(requests_per_binding),
+        "provider_rss_mib": round3(rss_mib),
+        "kubernetes_version": version,
+        "cpus": std::thread::available_parallelism().map(|p| p.get()).unwrap_or(0),
+        "floor_method": format!(
+            "{n} sequential JSON merge patches (data.k) of {n} pre-created ConfigMaps from one admin \
+             client; wall time from the first request to the last response"
+        ),
+        "seconds_method": format!(
+            "wall time from spawning the provider process until a list of ByoMachines (every \
+             {} ms after the previous one returned) shows spec.providerID on all {n}",
+            args.poll_ms
+        ),
+        "requests_method": "sum of apiserver_request_total over all series, scraped before the \
+             provider started and after it exited, minus the bench's polls and first scrape, minus \
+             the idle background rate (measured for 5 s before the provider started) times the \
+             window; divided by n",
+        "requests_in_window": delta,
+        "bench_requests_in_window": own,
+        "background_requests_per_second": round3(background_rate),
+        "window_seconds": round3(window_secs),
+        "flowschema_requests_per_binding": flowschema_requests.map(|r| round3(r / n as f64)),
+        "requests_by_verb_resource_code": top,
+        "polls": polls,
+        "poll_seconds": round3(poll_secs),
+        "setup_seconds": round3(setup_secs),
+        "bound_progress": progress,
+        "provider_metrics": provider_metrics,
+        "provider_log": log_path.display().to_string(),
+    }))
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn summary(r: &serde_json::Value) -> String {
+    let f = |k: &str| r.get(k).cloned().unwrap_or(serde_json::Value::Null);
+    format!(
+        "bench-bind on Kubernetes {}: n = {}\n  \
+         bound:    {} s (provider start until every ByoMachine has spec.providerID)\n  \
+         floor:    {} s ({} sequential ConfigMap merge patches, one client)\n  \
+         ratio:    {}\n  \
+         requests: {} per binding (apiserver_request_total, less bench and background; \
+         provider FlowSchema alone: {})\n  \
+         RSS:      {} MiB peak (VmHWM of the provider)",
+        f("kubernetes_version"),
+        f("n"),
+        f("seconds"),
+        f("floor_seconds"),
+        f("n"),
+        f("ratio"),
+        f("requests_per_binding"),
+        f("flowschema_requests_per_binding"),
+        f("provider_rss_mib"),
+    )
+}
+
+/// Creates `n` ConfigMaps (concurrently, untimed), then times `n` sequential merge patches.
+async fn floor(client: &kube::Client, ns: &str, n: usize) -> Result<f64> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let cm = ConfigMap {
+                    metadata: meta(&format!("cm{i:05}"), ns),
+                    data: Some(BTreeMap::from([("k".to_string(), "0".to_string())])),
+                    ..Default::default()
+                };
+                api.create(&PostParams::default(), &cm).await.map(|_| ())
+            }
+        })
+        .buffer_unordered(PARALLEL)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("create the floor's ConfigMaps")?;
+    let started = Instant::now();
+    for i in 0..n {
+        let patch = json!({"data": {"k": "1"}});
+        api.patch(
+            &format!("cm{i:05}"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .context("patch a floor ConfigMap")?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn meta(name: &str, ns: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(ns.into()),
+        ..Default::default()
+    }
+}
+
+/// `cluster-admin` for the provider's user, and a FlowSchema that puts its requests into the
+/// `exempt` priority level (as an admin's are) under a name of their own.
+async fn provider_identity(client: &kube::Client) -> Result<()> {
+    let crb = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(PROVIDER_USER.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "cluster-admin".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: PROVIDER_USER.into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Default::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &crb)
+        .await
+        .context("create the provider's ClusterRoleBinding")?;
+    let fs: FlowSchema = serde_json::from_value(json!({
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": PROVIDER_USER},
+        "spec": {
+            "matchingPrecedence": 2,
+            "priorityLevelConfiguration": {"name": "exempt"},
+            "rules": [{
+                "subjects": [{"kind": "User", "user": {"name": PROVIDER_USER}}],
+                "resourceRules": [{
+                    "verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                    "namespaces": ["*"], "clusterScope": true,
+                }],
+                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            }],
+        },
+    }))?;
+    let api: Api<FlowSchema> = Api::all(client.clone());
+    api.create(&PostParams::default(), &fs)
+        .await
+        .context("create the provider's FlowSchema")?;
+    // The APF configuration controller marks a FlowSchema (`Dangling`) once it has digested it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let fs = api.get(PROVIDER_USER).await?;
+        let digested = fs
+            .status
+            .and_then(|s| s.conditions)
+            .is_some_and(|c| c.iter().any(|c| c.type_.as_deref() == Some("Dangling")));
+        if digested {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the API server did not take up FlowSchema {PROVIDER_USER} within 30s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// N ByoHosts, each with a heartbeat Lease renewed now and valid for an hour.
+async fn create_hosts(client: &kube::Client, ns: &str, n: usize) -> Result<()> {
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let (hosts, leases) = (hosts.clone(), leases.clone());
+            async move {
+                let name = format!("h{i:05}");
+                let mut h = ByoHost::new(&name, ByoHostSpec::default());
+                h.metadata.namespace = Some(ns.into());
+                hosts
+                    .create(&PostParams::default(), &h)
+                    .await
+                    .with_context(|| format!("create ByoHost {name}"))?;
+                let lease = Lease {
+                    metadata: meta(&name, ns),
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(name.clone()),
+                        lease_duration_seconds: Some(3600),
+                        renew_time: Some(MicroTime(Timestamp::now())),
+                        ..Default::default()
+                    }),
+                };
+                leases
+                    .create(&PostParams::default(), &lease)
+                    .await
+                    .with_context(|| format!("create Lease {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(PARALLEL)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// A CAPI Cluster whose infrastructure is provisioned.
+async fn create_cluster(client: &kube::Client, ns: &str, name: &str) -> Result<()> {
+    let mut c = Cluster::new(name, ClusterSpec::default());
+    c.metadata.namespace = Some(ns.into());
+    c.spec.infrastructure_ref = Some(ContractVersionedObjectReference {
+        api_group: "infrastructure.cluster.x-k8s.io".into(),
+        kind: "ByoCluster".into(),
+        name: name.into(),
+    });
+    let api: Api<Cluster> = Api::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), &c)
+        .await
+        .context("create the Cluster")?;
+    let status = json!({"status": {"initialization": {"infrastructureProvisioned": true}}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .context("mark the Cluster's infrastructure provisioned")?;
+    Ok(())
+}
+
+/// N Machines, each with its bootstrap data Secret and the ByoMachine it owns, as CAPI creates
+/// them.
+async fn create_machines(client: &kube::Client, ns: &str, cluster: &str, n: usize) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let machines: Api<Machine> = Api::namespaced(client.clone(), ns);
+    let bms: Api<ByoMachine> = Api::namespaced(client.clone(), ns);
+    let cluster_label = BTreeMap::from([(labels::CLUSTER_NAME.to_string(), cluster.to_string())]);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let (secrets, machines, bms) = (secrets.clone(), machines.clone(), bms.clone());
+            let cluster_label = cluster_label.clone();
+            async move {
+                let name = format!("m{i:05}");
+                let data_secret = format!("{name}-bootstrap-data");
+                let data = format!("#cloud-config\nruncmd:\n- echo {name}\n");
+                let secret = Secret {
+                    metadata: meta(&data_secret, ns),
+                    data: Some(BTreeMap::from([
+                        ("value".to_string(), ByteString(data.into_bytes())),
+                        ("format".to_string(), ByteString(b"cloud-config".to_vec())),
+                    ])),
+                    ..Default::default()
+                };
+                secrets
+                    .create(&PostParams::default(), &secret)
+                    .await
+                    .with_context(|| format!("create Secret {data_secret}"))?;
+                let mut m = Machine::new(
+                    &name,
+                    MachineSpec {
+                        cluster_name: cluster.into(),
+                        bootstrap: Bootstrap {
+                            data_secret_name: Some(data_secret),
+                            config_ref: None,
+                        },
+                        infrastructure_ref: ContractVersionedObjectReference {
+                            api_group: "infrastructure.cluster.x-k8s.io".into(),
+                            kind: "ByoMachine".into(),
+                            name: name.clone(),
+                        },
+                        ..Default::default()
+                    },
+                );
+                m.metadata.namespace = Some(ns.into());
+                m.metadata.labels = Some(cluster_label.clone());
+                let m = machines
+                    .create(&PostParams::default(), &m)
+                    .await
+                    .with_context(|| format!("create Machine {name}"))?;
+                let mut bm = ByoMachine::new(&name, ByoMachineSpec::default());
+                bm.metadata.namespace = Some(ns.into());
+                bm.metadata.labels = Some(cluster_label);
+                bm.metadata.owner_references = Some(vec![OwnerReference {
+                    api_version: Machine::api_version(&()).into(),
+                    kind: "Machine".into(),
+                    name: name.clone(),
+                    uid: m.uid().context("a created Machine has a uid")?,
+                    controller: Some(true),
+                    ..Default::default()
+                }]);
+                bms.create(&PostParams::default(), &bm)
+                    .await
+                    .with_context(|| format!("create ByoMachine {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(PARALLEL)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Counters of one scrape of the API server's `/metrics`.
+struct Scrape {
+    /// Sum of `apiserver_request_total` over every series.
+    total: f64,
+    /// `apiserver_request_total` by `VERB resource[/subresource] code`.
+    by_request: HashMap<String, f64>,
+    /// `apiserver_flowcontrol_dispatched_requests_total` by FlowSchema.
+    by_flow_schema: HashMap<String, f64>,
+}
+
+async fn scrape(client: &kube::Client) -> Result<Scrape> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(req)
+        .await
+        .context("scrape the API server's /metrics")?;
+    let mut s = Scrape {
+        total: 0.0,
+        by_request: HashMap::new(),
+        by_flow_schema: HashMap::new(),
+    };
+    for line in text.lines() {
+        let Some((name, labels, value)) = parse_sample(line) else {
+            continue;
+        };
+        match name {
+            "apiserver_request_total" => {
+                s.total += value;
+                let l = |k: &str| labels.get(k).map(String::as_str).unwrap_or("");
+                let resource = match (l("resource"), l("subresource")) {
+                    ("", _) => "(non-resource)".to_string(),
+                    (r, "") => r.to_string(),
+                    (r, sub) => format!("{r}/{sub}"),
+                };
+                *s.by_request
+                    .entry(format!("{} {resource} {}", l("verb"), l("code")))
+                    .or_default() += value;
+            }
+            "apiserver_flowcontrol_dispatched_requests_total" => {
+                if let Some(fs) = labels.get("flow_schema") {
+                    *s.by_flow_schema.entry(fs.clone()).or_default() += value;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(s)
+}
+
+/// One sample of the Prometheus text format: name, labels and value.
+fn parse_sample(line: &str) -> Option<(&str, HashMap<String, String>, f64)> {
+    if line.starts_with('#') || line.trim().is_empty() {
+        return None;
+    }
+    let (series, value) = line.rsplit_once(' ')?;
+    let value: f64 = value.parse().ok()?;
+    let (name, rest) = match series.find('{') {
+        Some(i) => (&series[..i], &series[i + 1..]),
+        None => (series, ""),
+    };
+    let mut labels = HashMap::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        let key = key.trim_start_matches([',', ' ']).to_string();
+        if key.is_empty() || key.starts_with('}') {
+            break;
+        }
+        if chars.next() != Some('"') {
+            break;
+        }
+        let mut val = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some(e) = chars.next() {
+                        val.push(if e == 'n' { '\n' } else { e });
+                    }
+                }
+                '"' => break,
+                c => val.push(c),
+            }
+        }
+        labels.insert(key, val);
+    }
+    Some((name, labels, value))
+}
+
+/// `VmHWM` (peak resident set) of a process, in MiB.
+fn peak_rss_mib(pid: u32) -> Result<f64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no VmHWM in {path}"))?;
+    Ok(kib / 1024.0)
+}
+
+/// The provider's own counters (claims, conflicts, reconciles and their errors), from its
+/// `/metrics`.
+async fn provider_metrics(port: u16) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut body)).await??;
+    let mut out = serde_json::Map::new();
+    for line in body.lines() {
+        let Some((name, labels, value)) = parse_sample(line) else {
+            continue;
+        };
+        let wanted = matches!(
+            name,
+            "bootsman_provider_claims_total"
+                | "bootsman_provider_claim_conflicts_total"
+                | "bootsman_reconcile_total"
+                | "bootsman_reconcile_errors_total"
+                | "bootsman_reconcile_duration_seconds_sum"
+                | "bootsman_provider_time_to_claim_seconds_sum"
+                | "bootsman_provider_time_to_claim_seconds_count"
+        );
+        if wanted {
+            let mut l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            l.sort();
+            let key = if l.is_empty() {
+                name.to_string()
+            } else {
+                format!("{name}{{{}}}", l.join(","))
+            };
+            out.insert(key, json!(value));
+        }
+    }
+    Ok(out)
+}
