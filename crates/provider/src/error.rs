@@ -52,6 +52,13 @@ pub fn retry_after(err: &Error) -> Option<std::time::Duration> {
         Error::Waiting { after, .. } => Some(*after),
         Error::Finalizer(inner) => match inner.as_ref() {
             F::ApplyFailed(e) | F::CleanupFailed(e) => retry_after(e),
+            // The finalizer helper's JSON-patch `test` fails (422) when another writer changed
+            // the finalizers first: a lost race like any other.
+            F::AddFinalizer(kube::Error::Api(s)) | F::RemoveFinalizer(kube::Error::Api(s))
+                if s.code == 409 || s.code == 422 =>
+            {
+                Some(std::time::Duration::from_millis(100))
+            }
             _ => None,
         },
         _ => None,
