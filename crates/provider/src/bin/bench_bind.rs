@@ -35,6 +35,8 @@
 //! 7. prints a summary and writes `<out>/bind-<N>.json` (keys `n`, `seconds`, `floor_seconds`,
 //!    `ratio`, `requests_per_binding`, `provider_rss_mib`, and more) and the provider's log
 //!    `<out>/bind-<N>-provider.log`; then stops the provider (SIGTERM) and the control plane.
+//!    When not every machine is bound within `--timeout` (default 900 s), the JSON says
+//!    `"completed": false` with `seconds` and `ratio` null, and the bench exits non-zero.
 //!
 //! "Bound" is `spec.providerID`, which the provider sets after the claim and the bootstrap
 //! hand-over (per-host Secret, Role, RoleBinding, `ByoHost.spec.bootstrapSecret`); no agent runs,
@@ -86,7 +88,7 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     poll_ms: u64,
     /// Give up waiting for the bindings after this many seconds.
-    #[arg(long, default_value_t = 1800)]
+    #[arg(long, default_value_t = 900)]
     timeout: u64,
 }
 
@@ -110,7 +112,14 @@ async fn main() -> Result<()> {
     let env = TestEnv::start(Options::default())
         .await
         .context("start the control plane")?;
-    let result = bench(&env, &args, &provider_bin).await;
+    // Ctrl-C or SIGTERM drop the bench (and with it the provider process, `kill_on_drop`), then
+    // the control plane below.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let result = tokio::select! {
+        r = bench(&env, &args, &provider_bin) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        _ = term.recv() => Err(anyhow::anyhow!("terminated")),
+    };
     drop(env); // stops kube-controller-manager, kube-apiserver and etcd
     let report = result?;
     println!("{}", summary(&report));
@@ -118,6 +127,12 @@ async fn main() -> Result<()> {
     std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("write {}", path.display()))?;
     println!("wrote {}", path.display());
+    if report.get("completed") != Some(&json!(true)) {
+        bail!(
+            "not every machine was bound within --timeout; see {}",
+            path.display()
+        );
+    }
     Ok(())
 }
 
@@ -178,6 +193,7 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
     let mut poll_secs = 0.0;
     let mut last_report = Instant::now();
     let mut progress = Vec::new();
+    let mut bound;
     let seconds = loop {
         if let Some(status) = child.try_wait()? {
             bail!("the provider exited early ({status}); see {}", log_path.display());
@@ -186,26 +202,40 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
         let list = bms.list(&ListParams::default()).await?;
         polls += 1;
         poll_secs += t.elapsed().as_secs_f64();
-        let bound = list.items.iter().filter(|m| m.spec.provider_id.is_some()).count();
+        bound = list.items.iter().filter(|m| m.spec.provider_id.is_some()).count();
         let elapsed = window_started.elapsed().as_secs_f64();
+        if bound == n {
+            break Some(elapsed);
+        }
         if last_report.elapsed() >= Duration::from_secs(5) {
-            eprintln!("bench-bind: {elapsed:.0}s: {bound}/{n} bound");
-            progress.push(json!([elapsed.round(), bound]));
+            // The provider's own counters tell a stall (no reconciles) from slow progress.
+            let m = provider_metrics(metrics_port).await.unwrap_or_default();
+            let get = |k: &str| m.get(k).cloned().unwrap_or(json!(0));
+            let reconciles = get("bootsman_reconcile_total{controller=byomachine}");
+            eprintln!(
+                "bench-bind: {elapsed:.0}s: {bound}/{n} bound; byomachine reconciles started: {reconciles}"
+            );
+            progress.push(json!({
+                "t": elapsed.round(),
+                "bound": bound,
+                "byomachine_reconciles": reconciles,
+                "claims": get("bootsman_provider_claims_total"),
+            }));
             last_report = Instant::now();
         }
-        if bound == n {
-            break elapsed;
-        }
         if Instant::now() > deadline {
-            bail!(
-                "only {bound} of {n} machines bound after {}s; see {}",
+            eprintln!(
+                "bench-bind: only {bound} of {n} machines bound after {}s; giving up (see {})",
                 args.timeout,
                 log_path.display()
             );
+            break None;
         }
         tokio::time::sleep(Duration::from_millis(args.poll_ms)).await;
     };
-    eprintln!("bench-bind: all {n} bound after {seconds:.2}s");
+    if let Some(s) = seconds {
+        eprintln!("bench-bind: all {n} bound after {s:.2}s");
+    }
 
     // 6. Peak RSS and the provider's own counters, then stop it.
     let rss_mib = peak_rss_mib(pid)?;
@@ -214,10 +244,10 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
         .args(["-TERM", &pid.to_string()])
         .status()
         .await;
-    if tokio::time::timeout(Duration::from_secs(15), child.wait())
+    let stopped_on_sigterm = tokio::time::timeout(Duration::from_secs(15), child.wait())
         .await
-        .is_err()
-    {
+        .is_ok();
+    if !stopped_on_sigterm {
         eprintln!("bench-bind: the provider did not stop on SIGTERM within 15s; killing it");
         child.kill().await?;
     }
@@ -229,10 +259,19 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
     let own = polls as f64 + 1.0; // the polls, and the scrape `before` (a scrape counts once done)
     let background = background_rate * window_secs;
     let requests_per_binding = (delta - own - background) / n as f64;
-    let flowschema_requests = after
+    let per_flow_schema: serde_json::Map<String, serde_json::Value> = after
         .by_flow_schema
-        .get(PROVIDER_USER)
-        .map(|a| a - before.by_flow_schema.get(PROVIDER_USER).copied().unwrap_or(0.0));
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v - before.by_flow_schema.get(k).copied().unwrap_or(0.0),
+            )
+        })
+        .filter(|(_, d)| *d > 0.0)
+        .map(|(k, d)| (k, json!(d)))
+        .collect();
+    let flowschema_requests = per_flow_schema.get(PROVIDER_USER).and_then(|v| v.as_f64());
     let mut by_request: BTreeMap<String, f64> = BTreeMap::new();
     for (k, v) in &after.by_request {
         let d = v - before.by_request.get(k).copied().unwrap_or(0.0);
@@ -247,16 +286,17 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
     let mut top: Vec<(String, f64)> = by_request.into_iter().collect();
     top.sort_by(|a, b| b.1.total_cmp(&a.1));
     let top: serde_json::Map<String, serde_json::Value> =
-        top.into_iter().take(25).map(|(k, v)| (k, json!(v))).collect();
+        top.into_iter().take(30).map(|(k, v)| (k, json!(v))).collect();
 
-    let ratio = seconds / floor;
     Ok(json!({
         "n": n,
-        "seconds": round3(seconds),
+        "seconds": seconds.map(round3),
         "floor_seconds": round3(floor),
-        "ratio": round3(ratio),
+        "ratio": seconds.map(|s| round3(s / floor)),
         "requests_per_binding": round3(requests_per_binding),
         "provider_rss_mib": round3(rss_mib),
+        "completed": seconds.is_some(),
+        "bound": bound,
         "kubernetes_version": version,
         "cpus": std::thread::available_parallelism().map(|p| p.get()).unwrap_or(0),
         "floor_method": format!(
@@ -271,18 +311,21 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
         "requests_method": "sum of apiserver_request_total over all series, scraped before the \
              provider started and after it exited, minus the bench's polls and first scrape, minus \
              the idle background rate (measured for 5 s before the provider started) times the \
-             window; divided by n",
+             window; divided by n. Cross-check: flowschema_requests_per_binding counts \
+             apiserver_flowcontrol_dispatched_requests_total of the provider's own FlowSchema",
         "requests_in_window": delta,
         "bench_requests_in_window": own,
         "background_requests_per_second": round3(background_rate),
         "window_seconds": round3(window_secs),
         "flowschema_requests_per_binding": flowschema_requests.map(|r| round3(r / n as f64)),
+        "dispatched_by_flow_schema": per_flow_schema,
         "requests_by_verb_resource_code": top,
         "polls": polls,
         "poll_seconds": round3(poll_secs),
         "setup_seconds": round3(setup_secs),
-        "bound_progress": progress,
+        "progress": progress,
         "provider_metrics": provider_metrics,
+        "provider_stopped_on_sigterm": stopped_on_sigterm,
         "provider_log": log_path.display().to_string(),
     }))
 }
@@ -294,7 +337,7 @@ fn round3(x: f64) -> f64 {
 fn summary(r: &serde_json::Value) -> String {
     let f = |k: &str| r.get(k).cloned().unwrap_or(serde_json::Value::Null);
     format!(
-        "bench-bind on Kubernetes {}: n = {}\n  \
+        "bench-bind on Kubernetes {}: n = {} ({} bound)\n  \
          bound:    {} s (provider start until every ByoMachine has spec.providerID)\n  \
          floor:    {} s ({} sequential ConfigMap merge patches, one client)\n  \
          ratio:    {}\n  \
@@ -303,6 +346,7 @@ fn summary(r: &serde_json::Value) -> String {
          RSS:      {} MiB peak (VmHWM of the provider)",
         f("kubernetes_version"),
         f("n"),
+        f("bound"),
         f("seconds"),
         f("floor_seconds"),
         f("n"),
