@@ -20,23 +20,28 @@
 //! 4. runs the `bootsman-provider` binary next to this one as a separate process
 //!    (`--namespace NS --leader-elect=false`), with an identity of its own (user
 //!    `bootsman-bench-provider`, bound to `cluster-admin`, classified by a FlowSchema of its own
-//!    into the `exempt` priority level, so it is never throttled, as an admin client would not be),
-//!    and times from spawning it until a list (every `--poll-ms`, default 100 ms) sees
-//!    `spec.providerID` on every ByoMachine: **bound**;
+//!    into the `exempt` priority level, so it is never throttled, just as an admin client is not),
+//!    and times from spawning it until a list (every `--poll-ms`, default 100 ms, after the last
+//!    one returned) sees `spec.providerID` on every ByoMachine: **bound**. On a saturated server
+//!    one list can take many seconds, so `bound` is late by up to one list (`polls` and
+//!    `poll_seconds` in the JSON say how long they took); a failed list is retried;
 //! 5. **requests per binding**: `apiserver_request_total` has no user label, so the API server's
 //!    `/metrics` is scraped before the provider starts and after it has exited, the sum over all
 //!    series is taken, and the bench's own requests in that window (its polls and its first scrape)
 //!    and the idle background (kube-controller-manager and the server itself, measured for a few
 //!    seconds before the provider starts, scaled to the window) are subtracted; the rest is divided
 //!    by N. As a cross-check, `apiserver_flowcontrol_dispatched_requests_total` of the provider's
-//!    own FlowSchema counts exactly the provider's requests, when the server reports it;
+//!    own FlowSchema counts the provider's requests alone (`flowschema_requests_per_binding`);
 //! 6. the provider's peak RSS: `VmHWM` of `/proc/<pid>/status`, read after the last binding and
 //!    before the provider is stopped;
 //! 7. prints a summary and writes `<out>/bind-<N>.json` (keys `n`, `seconds`, `floor_seconds`,
 //!    `ratio`, `requests_per_binding`, `provider_rss_mib`, and more) and the provider's log
-//!    `<out>/bind-<N>-provider.log`; then stops the provider (SIGTERM) and the control plane.
-//!    When not every machine is bound within `--timeout` (default 900 s), the JSON says
-//!    `"completed": false` with `seconds` and `ratio` null, and the bench exits non-zero.
+//!    `<out>/bind-<N>-provider.log` (and the control plane's logs in `<out>/bind-<N>-logs/`);
+//!    then stops the provider (SIGTERM) and the control plane.
+//!    When not every machine is bound within `--timeout` (default 900 s), or the provider stalls
+//!    (no binding and no ByoMachine reconcile started for `--stall-secs`, default 120 s, as read
+//!    from its own `/metrics`), the JSON says `"completed": false` with `seconds` and `ratio`
+//!    null, and the bench exits non-zero.
 //!
 //! "Bound" is `spec.providerID`, which the provider sets after the claim and the bootstrap
 //! hand-over (per-host Secret, Role, RoleBinding, `ByoHost.spec.bootstrapSecret`); no agent runs,
@@ -90,6 +95,10 @@ struct Args {
     /// Give up waiting for the bindings after this many seconds.
     #[arg(long, default_value_t = 900)]
     timeout: u64,
+    /// Give up earlier when for this many seconds no machine was bound and the provider started
+    /// no ByoMachine reconcile: it has stalled.
+    #[arg(long, default_value_t = 120)]
+    stall_secs: u64,
 }
 
 #[tokio::main]
@@ -120,6 +129,14 @@ async fn main() -> Result<()> {
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
         _ = term.recv() => Err(anyhow::anyhow!("terminated")),
     };
+    // Keep the control plane's logs: they go with its folder.
+    let logs = args.out.join(format!("bind-{n}-logs"));
+    if let Err(e) = copy_logs(&env.log_dir(), &logs) {
+        eprintln!(
+            "bench-bind: cannot keep the control plane's logs in {}: {e}",
+            logs.display()
+        );
+    }
     drop(env); // stops kube-controller-manager, kube-apiserver and etcd
     let report = result?;
     println!("{}", summary(&report));
@@ -193,16 +210,30 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
     let mut poll_secs = 0.0;
     let mut last_report = Instant::now();
     let mut progress = Vec::new();
-    let mut bound;
+    let mut bound = 0;
+    let mut poll_errors: Vec<String> = Vec::new();
+    // (bound, reconciles started) and since when they have not changed.
+    let mut last_change = (0, 0.0, Instant::now());
+    let mut stalled = false;
     let seconds = loop {
         if let Some(status) = child.try_wait()? {
             bail!("the provider exited early ({status}); see {}", log_path.display());
         }
         let t = Instant::now();
-        let list = bms.list(&ListParams::default()).await?;
+        let list = bms.list(&ListParams::default()).await;
         polls += 1;
         poll_secs += t.elapsed().as_secs_f64();
-        bound = list.items.iter().filter(|m| m.spec.provider_id.is_some()).count();
+        match list {
+            Ok(list) => bound = list.items.iter().filter(|m| m.spec.provider_id.is_some()).count(),
+            Err(e) => {
+                // An overloaded server may time the list out or drop the connection; look again.
+                poll_errors.push(format!("{:.0}s: {e}", window_started.elapsed().as_secs_f64()));
+                eprintln!(
+                    "bench-bind: a poll failed after {:.1}s: {e}",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+        }
         let elapsed = window_started.elapsed().as_secs_f64();
         if bound == n {
             break Some(elapsed);
@@ -212,6 +243,19 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
             let m = provider_metrics(metrics_port).await.unwrap_or_default();
             let get = |k: &str| m.get(k).cloned().unwrap_or(json!(0));
             let reconciles = get("bootsman_reconcile_total{controller=byomachine}");
+            let r = reconciles.as_f64().unwrap_or(0.0);
+            if (bound, r) != (last_change.0, last_change.1) {
+                last_change = (bound, r, Instant::now());
+            } else if last_change.2.elapsed() >= Duration::from_secs(args.stall_secs) {
+                eprintln!(
+                    "bench-bind: stalled: {bound}/{n} bound and no ByoMachine reconcile started for {}s; \
+                     giving up (see {})",
+                    args.stall_secs,
+                    log_path.display()
+                );
+                stalled = true;
+                break None;
+            }
             eprintln!(
                 "bench-bind: {elapsed:.0}s: {bound}/{n} bound; byomachine reconciles started: {reconciles}"
             );
@@ -296,6 +340,7 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
         "requests_per_binding": round3(requests_per_binding),
         "provider_rss_mib": round3(rss_mib),
         "completed": seconds.is_some(),
+        "stalled": stalled,
         "bound": bound,
         "kubernetes_version": version,
         "cpus": std::thread::available_parallelism().map(|p| p.get()).unwrap_or(0),
@@ -321,6 +366,7 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
         "dispatched_by_flow_schema": per_flow_schema,
         "requests_by_verb_resource_code": top,
         "polls": polls,
+        "poll_errors": poll_errors,
         "poll_seconds": round3(poll_secs),
         "setup_seconds": round3(setup_secs),
         "progress": progress,
@@ -328,6 +374,15 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
         "provider_stopped_on_sigterm": stopped_on_sigterm,
         "provider_log": log_path.display().to_string(),
     }))
+}
+
+fn copy_logs(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+    }
+    Ok(())
 }
 
 fn round3(x: f64) -> f64 {
