@@ -23,6 +23,7 @@
 pub mod capi;
 pub mod condition;
 pub mod crdgen;
+pub mod identity;
 pub mod labels;
 pub mod v1alpha1;
 pub mod v1beta1;

@@ -57,14 +57,7 @@ impl SharedPool {
     }
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
+use bootsman_api::identity::is_dns_label;
 
 /// Everything the controllers need to know about their deployment.
 #[derive(Clone, Debug)]

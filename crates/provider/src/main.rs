@@ -39,6 +39,33 @@ struct Args {
     /// Address of the /livez, /readyz and /metrics server.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_bind_address: std::net::SocketAddr,
+    /// Approve the client-certificate requests of enrolling and renewing hosts (and deny forged
+    /// ones) while leading. Turn off only when another approver decides them.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    approve_host_csrs: bool,
+}
+
+/// The controllers and, when `approve_host_csrs`, the host CSR approver, until `shutdown`.
+async fn run_leading(
+    client: kube::Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    approve_host_csrs: bool,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let shutdown = futures::FutureExt::shared(shutdown);
+    let approver = async {
+        if approve_host_csrs {
+            bootsman_provider::csr_approver::run(client.clone(), metrics.clone(), shutdown.clone()).await
+        } else {
+            Ok(())
+        }
+    };
+    let (controllers, approver) = tokio::join!(
+        bootsman_provider::run(client.clone(), config, metrics.clone(), shutdown.clone()),
+        approver
+    );
+    controllers.and(approver)
 }
 
 /// Parses `90s`, `15m`, `1h` or a plain number of seconds.
@@ -71,6 +98,7 @@ async fn main() -> anyhow::Result<()> {
         ..Config::default()
     };
     let metrics = Arc::new(Metrics::new()?);
+    let approve_host_csrs = args.approve_host_csrs;
 
     // Stops on SIGTERM or Ctrl-C.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -130,13 +158,13 @@ async fn main() -> anyhow::Result<()> {
     let result = match election {
         Some(mut handle) => {
             let outcome = tokio::select! {
-                r = bootsman_provider::run(client, config, metrics, shutdown) => r,
+                r = run_leading(client, config, metrics, approve_host_csrs, shutdown) => r,
                 r = &mut handle => Err(anyhow::anyhow!("the leader election ended: {r:?}")),
             };
             let _ = handle.stop().await;
             outcome
         }
-        None => bootsman_provider::run(client, config, metrics, shutdown).await,
+        None => run_leading(client, config, metrics, approve_host_csrs, shutdown).await,
     };
     let _ = server_task.await;
     result?;

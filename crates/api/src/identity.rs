@@ -1,0 +1,118 @@
+//! Identities of hosts and the bootstrap tokens they enrol with.
+//!
+//! A host authenticates as user `byoh:host:<name>` in group `byoh:hosts` (the CN and O of its
+//! client certificate). Before it has a certificate it authenticates with a Kubernetes bootstrap
+//! token issued by `bootsmanctl hosts token`: the token's Secret `kube-system/bootstrap-token-<id>`
+//! puts it in group `system:bootstrappers:byoh:<pool>` and records the pool (and, optionally, the one
+//! host name it may enrol) in labels the provider's CSR approver reads. The token is spent on first
+//! use: the approver marks it with [`TOKEN_SPENT_BY`] before approving and deletes it after.
+
+/// Group of every enrolled host (the O of its client certificate).
+pub const HOSTS_GROUP: &str = "byoh:hosts";
+/// Prefix of a host's user name (the CN of its client certificate): `byoh:host:<name>`.
+pub const HOST_USER_PREFIX: &str = "byoh:host:";
+/// Prefix of the group a bootstrap token for a pool puts its holder in: `…:<pool>`.
+pub const BOOTSTRAPPERS_GROUP_PREFIX: &str = "system:bootstrappers:byoh:";
+/// Prefix of the user name the API server gives a bootstrap token's holder: `…<token-id>`.
+pub const BOOTSTRAP_USER_PREFIX: &str = "system:bootstrap:";
+/// Namespace of bootstrap-token Secrets.
+pub const TOKEN_NAMESPACE: &str = "kube-system";
+/// Prefix of a bootstrap-token Secret's name: `bootstrap-token-<id>`.
+pub const TOKEN_SECRET_PREFIX: &str = "bootstrap-token-";
+/// Type of a bootstrap-token Secret.
+pub const TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
+/// Label on a token Secret: the pool namespace the token enrols into.
+pub const TOKEN_POOL: &str = "bootsman.io/pool";
+/// Label on a token Secret: the only host name the token may enrol (absent: any name).
+pub const TOKEN_HOST: &str = "bootsman.io/host";
+/// Label on a token Secret issued by `bootsmanctl hosts token` (value `byoh-host`).
+pub const TOKEN_PURPOSE: &str = "bootsman.io/token-purpose";
+/// Value of [`TOKEN_PURPOSE`].
+pub const TOKEN_PURPOSE_HOST: &str = "byoh-host";
+/// Annotation on a token Secret: the CertificateSigningRequest (`<name>/<uid>`) that spent it.
+pub const TOKEN_SPENT_BY: &str = "bootsman.io/spent-by";
+
+/// User name of host `name`.
+pub fn host_user(name: &str) -> String {
+    format!("{HOST_USER_PREFIX}{name}")
+}
+
+/// Group a bootstrap token for `pool` puts its holder in.
+pub fn bootstrappers_group(pool: &str) -> String {
+    format!("{BOOTSTRAPPERS_GROUP_PREFIX}{pool}")
+}
+
+/// Name of the Secret of bootstrap token `id`.
+pub fn token_secret_name(id: &str) -> String {
+    format!("{TOKEN_SECRET_PREFIX}{id}")
+}
+
+/// Whether `s` is an RFC 1123 label (a namespace name): at most 63 lower-case letters, digits and
+/// '-', starting and ending with a letter or digit.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Whether `s` is an RFC 1123 subdomain (an object name such as a ByoHost's): at most 253
+/// characters of dot-separated labels.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// Checks that `name` is a host name: an RFC 1123 subdomain. The error says why not.
+pub fn validate_host_name(name: &str) -> Result<(), String> {
+    if is_dns_subdomain(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not an RFC 1123 host name: at most 253 characters of dot-separated labels, \
+             each of lower-case letters, digits and '-', starting and ending with a letter or digit"
+        ))
+    }
+}
+
+/// Checks that `pool` is a pool (namespace) name: an RFC 1123 label. The error says why not.
+pub fn validate_pool(pool: &str) -> Result<(), String> {
+    if is_dns_label(pool) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{pool:?} is not a namespace name (RFC 1123 label): at most 63 lower-case letters, \
+             digits and '-', starting and ending with a letter or digit"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "web1", "rack-1.dc-2", "0"] {
+            assert!(validate_host_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Web1", "-a", "a-", "a..b", "a_b", &"x".repeat(254)] {
+            assert!(validate_host_name(bad).is_err(), "{bad}");
+        }
+        assert!(validate_pool("pool-1").is_ok());
+        for bad in ["pool.1", "", &"x".repeat(64), "Pool"] {
+            assert!(validate_pool(bad).is_err(), "{bad}");
+        }
+        assert_eq!(host_user("h"), "byoh:host:h");
+        assert_eq!(bootstrappers_group("p"), "system:bootstrappers:byoh:p");
+    }
+}

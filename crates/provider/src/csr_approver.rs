@@ -1,0 +1,843 @@
+//! Approval of the client-certificate requests of hosts.
+//!
+//! Watches `certificates.k8s.io/v1` CertificateSigningRequests (cluster-scoped) and decides those
+//! that concern hosts: a CSR whose subject claims a host identity (CN `byoh:host:…` or O
+//! `byoh:hosts`), or whose requester is a host or holds a host enrollment token (group
+//! `system:bootstrappers:byoh:<pool>`). Every other CSR (kubelets, other tools) is left alone for
+//! its own approver. An already approved, denied or failed CSR is never touched again.
+//!
+//! A CSR is approved only when all of this holds, and denied with a reason otherwise:
+//! - signer `kubernetes.io/kube-apiserver-client`, usages exactly `[client auth]`;
+//! - the PEM request parses; its subject is exactly CN `byoh:host:<name>` (an RFC 1123 name) and
+//!   O `byoh:hosts`, with no other subject attribute and no requested extension (no SANs);
+//! - and either **enrollment**: the requester is `system:bootstrap:<id>`, in exactly one group
+//!   `system:bootstrappers:byoh:<pool>`, and the Secret `kube-system/bootstrap-token-<id>` was issued
+//!   by `bootsmanctl hosts token` for that pool (and that host, if it names one), is unexpired and
+//!   unspent; or **renewal**: the requester is `byoh:host:<name>` itself, in group `byoh:hosts`.
+//!
+//! The pool comes from the API server's authentication of the token (its group) and from the token
+//! Secret, never from anything the host wrote. A token is spent before the approval: the Secret is
+//! annotated with the CSR (`bootsman.io/spent-by: <name>/<uid>`) by a write preconditioned on its
+//! `resourceVersion`, so of two approvers (or two CSRs) racing, one wins and the other sees a spent
+//! token. After the approval the Secret is deleted. A crash between the steps is safe: the CSR that
+//! spent the token is approved on the next attempt, any other is denied.
+//!
+//! Decisions are counted in `bootsman_provider_host_csrs_total{decision,reason}` and logged with
+//! the CSR's name, requester and reason.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bootsman_api::identity;
+use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, ResourceExt};
+use prometheus::{IntCounterVec, Opts};
+use serde_json::json;
+use x509_parser::prelude::FromDer;
+
+use crate::error::{Error, Result, is_not_found, kube as kerr};
+
+/// The only signer the approver approves for.
+pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+/// The only usage a host certificate may carry.
+pub const USAGE_CLIENT_AUTH: &str = "client auth";
+/// Reason of the approval condition.
+pub const APPROVED_REASON: &str = "BootsmanHostIdentity";
+
+/// Why a CSR is denied: `reason` is the CSR condition's reason and the metric label, `message`
+/// says what was wrong, naming the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Denial {
+    /// CamelCase reason, stable and low-cardinality.
+    pub reason: &'static str,
+    /// What was wrong.
+    pub message: String,
+}
+
+fn deny(reason: &'static str, message: impl Into<String>) -> Denial {
+    Denial {
+        reason,
+        message: message.into(),
+    }
+}
+
+/// What a CSR asks for, once its form has been checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// A first certificate for `host` in `pool`, requested with bootstrap token `token_id`.
+    Enroll {
+        /// Host name (CN without the `byoh:host:` prefix).
+        host: String,
+        /// Pool namespace, from the token's group.
+        pool: String,
+        /// ID of the bootstrap token.
+        token_id: String,
+    },
+    /// A new certificate for `host`, requested by the host itself.
+    Renew {
+        /// Host name.
+        host: String,
+    },
+}
+
+/// The verdict on a CSR's form, before any token is looked at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not about hosts, or already decided: left alone.
+    Ignore,
+    /// Denied.
+    Deny(Denial),
+    /// Well-formed; an enrollment still needs its token checked.
+    Admissible(Request),
+}
+
+/// Whether the CSR carries an `Approved`, `Denied` or `Failed` condition.
+pub fn is_decided(csr: &CertificateSigningRequest) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| matches!(c.type_.as_str(), "Approved" | "Denied" | "Failed"))
+        })
+}
+
+/// The subject of a parsed request.
+#[derive(Debug, Default)]
+struct Subject {
+    common_names: Vec<String>,
+    organizations: Vec<String>,
+    /// Attributes other than CN and O, by OID.
+    others: Vec<String>,
+    /// Whether the request asks for any extension (SANs, key usages, …).
+    has_extensions: bool,
+}
+
+fn parse_request(pem: &[u8]) -> std::result::Result<Subject, String> {
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(pem).map_err(|e| format!("spec.request is not PEM: {e}"))?;
+    if pem.label != "CERTIFICATE REQUEST" {
+        return Err(format!(
+            "spec.request holds a PEM block {:?}, not a CERTIFICATE REQUEST",
+            pem.label
+        ));
+    }
+    let (_, req) = x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents)
+        .map_err(|e| format!("spec.request is not a PKCS #10 request: {e}"))?;
+    let info = &req.certification_request_info;
+    let mut subject = Subject {
+        has_extensions: req.requested_extensions().is_some_and(|mut e| e.next().is_some()),
+        ..Subject::default()
+    };
+    for attr in info.subject.iter_attributes() {
+        let oid = attr.attr_type();
+        let value = || {
+            attr.as_str()
+                .map(str::to_string)
+                .map_err(|e| format!("spec.request: subject attribute {oid} is not a string: {e}"))
+        };
+        if *oid == x509_parser::oid_registry::OID_X509_COMMON_NAME {
+            subject.common_names.push(value()?);
+        } else if *oid == x509_parser::oid_registry::OID_X509_ORGANIZATION_NAME {
+            subject.organizations.push(value()?);
+        } else {
+            subject.others.push(oid.to_id_string());
+        }
+    }
+    Ok(subject)
+}
+
+/// Judges a CSR's form: signer, usages, subject and requester. Pure; the token of an enrollment
+/// is checked afterwards by [`check_token`].
+pub fn examine(csr: &CertificateSigningRequest) -> Verdict {
+    if is_decided(csr) {
+        return Verdict::Ignore;
+    }
+    let spec = &csr.spec;
+    let user = spec.username.as_deref().unwrap_or_default();
+    let groups = spec.groups.as_deref().unwrap_or_default();
+    let subject = parse_request(&spec.request.0);
+    let pools: Vec<&str> = groups
+        .iter()
+        .filter_map(|g| g.strip_prefix(identity::BOOTSTRAPPERS_GROUP_PREFIX))
+        .collect();
+    let by_host =
+        user.starts_with(identity::HOST_USER_PREFIX) || groups.iter().any(|g| g == identity::HOSTS_GROUP);
+    let claims_host = subject.as_ref().is_ok_and(|s| {
+        s.common_names
+            .iter()
+            .any(|cn| cn.starts_with(identity::HOST_USER_PREFIX))
+            || s.organizations.iter().any(|o| o == identity::HOSTS_GROUP)
+    });
+    if pools.is_empty() && !by_host && !claims_host {
+        return Verdict::Ignore;
+    }
+
+    if spec.signer_name != SIGNER {
+        return Verdict::Deny(deny(
+            "WrongSigner",
+            format!(
+                "spec.signerName is {:?}; a host certificate must use {SIGNER:?}",
+                spec.signer_name
+            ),
+        ));
+    }
+    let usages = spec.usages.as_deref().unwrap_or_default();
+    if usages != [USAGE_CLIENT_AUTH] {
+        return Verdict::Deny(deny(
+            "WrongUsages",
+            format!("spec.usages is {usages:?}; a host certificate must have exactly [\"client auth\"]"),
+        ));
+    }
+    let subject = match subject {
+        Ok(s) => s,
+        Err(e) => return Verdict::Deny(deny("InvalidRequest", e)),
+    };
+    if subject.has_extensions {
+        return Verdict::Deny(deny(
+            "ExtensionsRequested",
+            "spec.request asks for extensions (such as subject alternative names); a host \
+             certificate carries none",
+        ));
+    }
+    if !subject.others.is_empty() {
+        return Verdict::Deny(deny(
+            "WrongSubject",
+            format!(
+                "spec.request subject has attributes {:?} besides CN and O; a host certificate has \
+                 only CN byoh:host:<name> and O byoh:hosts",
+                subject.others
+            ),
+        ));
+    }
+    let host = match subject.common_names.as_slice() {
+        [cn] => match cn.strip_prefix(identity::HOST_USER_PREFIX) {
+            Some(h) => h.to_string(),
+            None => {
+                return Verdict::Deny(deny(
+                    "WrongSubject",
+                    format!("spec.request subject CN is {cn:?}; it must be byoh:host:<name>"),
+                ));
+            }
+        },
+        cns => {
+            return Verdict::Deny(deny(
+                "WrongSubject",
+                format!(
+                    "spec.request subject has {} CNs; it must have exactly one",
+                    cns.len()
+                ),
+            ));
+        }
+    };
+    if let Err(e) = identity::validate_host_name(&host) {
+        return Verdict::Deny(deny("InvalidHostName", format!("spec.request subject CN: {e}")));
+    }
+    if subject.organizations != [identity::HOSTS_GROUP] {
+        return Verdict::Deny(deny(
+            "WrongSubject",
+            format!(
+                "spec.request subject O is {:?}; it must be exactly [\"byoh:hosts\"]",
+                subject.organizations
+            ),
+        ));
+    }
+
+    if let Some(token_id) = user.strip_prefix(identity::BOOTSTRAP_USER_PREFIX) {
+        let pool = match pools.as_slice() {
+            [pool] => pool.to_string(),
+            [] => {
+                return Verdict::Deny(deny(
+                    "NotHostToken",
+                    format!(
+                        "requester {user:?} holds a bootstrap token that is not a host enrollment \
+                         token (no group {}<pool>)",
+                        identity::BOOTSTRAPPERS_GROUP_PREFIX
+                    ),
+                ));
+            }
+            many => {
+                return Verdict::Deny(deny(
+                    "AmbiguousPool",
+                    format!("requester {user:?} is in the groups of several pools: {many:?}"),
+                ));
+            }
+        };
+        return Verdict::Admissible(Request::Enroll {
+            host,
+            pool,
+            token_id: token_id.to_string(),
+        });
+    }
+    if user == identity::host_user(&host) {
+        if groups.iter().any(|g| g == identity::HOSTS_GROUP) {
+            return Verdict::Admissible(Request::Renew { host });
+        }
+        return Verdict::Deny(deny(
+            "NotAHost",
+            format!("requester {user:?} is not in group byoh:hosts"),
+        ));
+    }
+    if user.starts_with(identity::HOST_USER_PREFIX) {
+        return Verdict::Deny(deny(
+            "OtherHost",
+            format!(
+                "requester {user:?} asks for the identity of another host ({}); a host renews only \
+                 its own certificate",
+                identity::host_user(&host)
+            ),
+        ));
+    }
+    Verdict::Deny(deny(
+        "NoToken",
+        format!(
+            "requester {user:?} neither holds a host enrollment token nor is host {host:?}; \
+             issue a token with `bootsmanctl hosts token`"
+        ),
+    ))
+}
+
+/// `<name>/<uid>` of a CSR: what a spent token records.
+pub fn csr_ref(csr: &CertificateSigningRequest) -> String {
+    format!("{}/{}", csr.name_any(), csr.uid().unwrap_or_default())
+}
+
+fn data_str<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|v| std::str::from_utf8(&v.0).ok())
+}
+
+/// Whether the token Secret allows enrollment `req` by the CSR `by` (see [`csr_ref`]) at `now`.
+/// A token spent by that same CSR passes, so an approval interrupted after spending completes.
+pub fn check_token(secret: Option<&Secret>, req: &Request, by: &str, now: Timestamp) -> Result<(), Denial> {
+    let Request::Enroll { host, pool, token_id } = req else {
+        return Ok(());
+    };
+    let name = identity::token_secret_name(token_id);
+    let Some(secret) = secret else {
+        return Err(deny(
+            "TokenNotFound",
+            format!(
+                "bootstrap token {token_id:?} has no Secret {}/{name}: it was spent, revoked or has \
+                 expired",
+                identity::TOKEN_NAMESPACE
+            ),
+        ));
+    };
+    if secret.metadata.deletion_timestamp.is_some() {
+        return Err(deny(
+            "TokenSpent",
+            format!("bootstrap token {token_id:?} is being deleted"),
+        ));
+    }
+    let labels = secret.labels();
+    if labels.get(identity::TOKEN_PURPOSE).map(String::as_str) != Some(identity::TOKEN_PURPOSE_HOST)
+        || secret.type_.as_deref() != Some(identity::TOKEN_SECRET_TYPE)
+    {
+        return Err(deny(
+            "NotHostToken",
+            format!("bootstrap token {token_id:?} was not issued by `bootsmanctl hosts token`"),
+        ));
+    }
+    if labels.get(identity::TOKEN_POOL) != Some(pool) {
+        return Err(deny(
+            "WrongPool",
+            format!(
+                "bootstrap token {token_id:?} is for pool {:?}, but the requester is in the group \
+                 of pool {pool:?}",
+                labels.get(identity::TOKEN_POOL)
+            ),
+        ));
+    }
+    if data_str(secret, "auth-extra-groups").is_none_or(|g| {
+        !g.split(',')
+            .any(|g| g.trim() == identity::bootstrappers_group(pool))
+    }) {
+        return Err(deny(
+            "WrongPool",
+            format!(
+                "bootstrap token {token_id:?} does not put its holder in group {}",
+                identity::bootstrappers_group(pool)
+            ),
+        ));
+    }
+    if let Some(allowed) = labels.get(identity::TOKEN_HOST)
+        && allowed != host
+    {
+        return Err(deny(
+            "WrongHost",
+            format!("bootstrap token {token_id:?} enrols only host {allowed:?}, not {host:?}"),
+        ));
+    }
+    match data_str(secret, "expiration").map(str::parse::<Timestamp>) {
+        Some(Ok(exp)) if exp > now => {}
+        Some(Ok(exp)) => {
+            return Err(deny(
+                "TokenExpired",
+                format!("bootstrap token {token_id:?} expired at {exp}"),
+            ));
+        }
+        Some(Err(e)) => {
+            return Err(deny(
+                "NotHostToken",
+                format!("bootstrap token {token_id:?} has an unreadable expiration: {e}"),
+            ));
+        }
+        None => {
+            return Err(deny(
+                "NotHostToken",
+                format!("bootstrap token {token_id:?} has no expiration; host tokens always expire"),
+            ));
+        }
+    }
+    if let Some(spent) = secret.annotations().get(identity::TOKEN_SPENT_BY)
+        && spent != by
+    {
+        return Err(deny(
+            "TokenSpent",
+            format!("bootstrap token {token_id:?} was already used by CSR {spent}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Counts decisions.
+#[derive(Clone, Debug)]
+struct Metrics {
+    decisions: IntCounterVec,
+}
+
+impl Metrics {
+    fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "provider_host_csrs_total",
+                "Host certificate requests decided, by decision (approved, denied) and reason",
+            ),
+            &["decision", "reason"],
+        )?;
+        registry.register(Box::new(decisions.clone()))?;
+        Ok(Self { decisions })
+    }
+}
+
+struct Ctx {
+    client: kube::Client,
+    metrics: Metrics,
+}
+
+/// Runs the approver until `shutdown` resolves. Run it under leader election (it spends tokens,
+/// which is safe with several replicas, but one approver is enough).
+pub async fn run(
+    client: kube::Client,
+    metrics: Arc<bootsman_runtime::metrics::Metrics>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        metrics: Metrics::register(metrics.registry())?,
+    });
+    tracing::info!("host CSR approver running");
+    Controller::new(
+        Api::<CertificateSigningRequest>::all(client),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(shutdown)
+    .run(reconcile, error_policy, ctx)
+    .for_each(|_| async {})
+    .await;
+    Ok(())
+}
+
+fn error_policy(csr: Arc<CertificateSigningRequest>, err: &Error, _: Arc<Ctx>) -> Action {
+    tracing::warn!(csr = %csr.name_any(), error = %err, "deciding the CSR failed; retrying");
+    Action::requeue(crate::error::retry_after(err).unwrap_or(Duration::from_secs(5)))
+}
+
+async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result<Action> {
+    let name = csr.name_any();
+    let user = csr.spec.username.clone().unwrap_or_default();
+    let req = match examine(&csr) {
+        Verdict::Ignore => return Ok(Action::await_change()),
+        Verdict::Deny(d) => return decide(&csr, &ctx, Err(d)).await,
+        Verdict::Admissible(r) => r,
+    };
+    let Request::Enroll { token_id, .. } = &req else {
+        return decide(&csr, &ctx, Ok(&req)).await;
+    };
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), identity::TOKEN_NAMESPACE);
+    let secret_name = identity::token_secret_name(token_id);
+    let secret = secrets
+        .get_opt(&secret_name)
+        .await
+        .map_err(kerr(format!("read token Secret {secret_name}")))?;
+    let by = csr_ref(&csr);
+    if let Err(d) = check_token(secret.as_ref(), &req, &by, Timestamp::now()) {
+        return decide(&csr, &ctx, Err(d)).await;
+    }
+    let Some(mut secret) = secret else {
+        return Err(Error::Invalid(format!("token Secret {secret_name} vanished")));
+    };
+    if !secret.annotations().contains_key(identity::TOKEN_SPENT_BY) {
+        // Spend first: the replace carries the resourceVersion just read, so only one CSR (and
+        // one approver) can ever spend this token.
+        secret
+            .annotations_mut()
+            .insert(identity::TOKEN_SPENT_BY.into(), by.clone());
+        secrets
+            .replace(&secret_name, &PostParams::default(), &secret)
+            .await
+            .map_err(kerr(format!("spend token Secret {secret_name} for CSR {name}")))?;
+        tracing::info!(csr = %name, requester = %user, token = %secret_name, "spent bootstrap token");
+    }
+    let action = decide(&csr, &ctx, Ok(&req)).await?;
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: secret.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match secrets.delete(&secret_name, &dp).await {
+        Ok(_) => {}
+        Err(e) if is_not_found(&e) => {}
+        // The approval stands; the spent token is denied for any other CSR, and expires anyway.
+        Err(e) => tracing::warn!(token = %secret_name, error = %e, "deleting the spent token failed"),
+    }
+    Ok(action)
+}
+
+/// Writes the decision through the `approval` subresource, preconditioned on the CSR's
+/// `resourceVersion` so a CSR changed meanwhile is looked at again.
+async fn decide(
+    csr: &CertificateSigningRequest,
+    ctx: &Ctx,
+    decision: Result<&Request, Denial>,
+) -> Result<Action> {
+    let name = csr.name_any();
+    let user = csr.spec.username.clone().unwrap_or_default();
+    let (type_, reason, message, label) = match &decision {
+        Ok(Request::Enroll { host, pool, .. }) => (
+            "Approved",
+            APPROVED_REASON,
+            format!("host {host:?} of pool {pool:?} enrolled with an unspent bootstrap token"),
+            "enroll",
+        ),
+        Ok(Request::Renew { host }) => (
+            "Approved",
+            APPROVED_REASON,
+            format!("host {host:?} renews its own certificate"),
+            "renew",
+        ),
+        Err(d) => ("Denied", d.reason, d.message.clone(), d.reason),
+    };
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now());
+    let patch = json!({
+        "metadata": {"resourceVersion": csr.resource_version()},
+        "status": {"conditions": [{
+            "type": type_,
+            "status": "True",
+            "reason": reason,
+            "message": message,
+            "lastUpdateTime": now,
+        }]},
+    });
+    Api::<CertificateSigningRequest>::all(ctx.client.clone())
+        .patch_approval(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kerr(format!("{type_} CSR {name}")))?;
+    let decision_label = if type_ == "Approved" { "approved" } else { "denied" };
+    ctx.metrics
+        .decisions
+        .with_label_values(&[decision_label, label])
+        .inc();
+    if type_ == "Approved" {
+        tracing::info!(csr = %name, requester = %user, reason = label, %message, "approved host CSR");
+    } else {
+        tracing::warn!(csr = %name, requester = %user, reason, %message, "denied host CSR");
+    }
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::certificates::v1::{
+        CertificateSigningRequestCondition, CertificateSigningRequestSpec, CertificateSigningRequestStatus,
+    };
+    use kube::api::ObjectMeta;
+    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
+
+    use super::*;
+
+    fn pem(cn: Option<&str>, orgs: &[&str], extra: Option<DnType>, sans: &[&str]) -> Vec<u8> {
+        let mut p =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
+        let mut dn = DistinguishedName::new();
+        if let Some(cn) = cn {
+            dn.push(DnType::CommonName, cn);
+        }
+        for o in orgs {
+            dn.push(DnType::OrganizationName, *o);
+        }
+        if let Some(t) = extra {
+            dn.push(t, "x");
+        }
+        p.distinguished_name = dn;
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        p.serialize_request(&key)
+            .expect("csr")
+            .pem()
+            .expect("pem")
+            .into_bytes()
+    }
+
+    fn good_pem(host: &str) -> Vec<u8> {
+        pem(Some(&format!("byoh:host:{host}")), &["byoh:hosts"], None, &[])
+    }
+
+    fn csr(request: Vec<u8>, user: &str, groups: &[&str]) -> CertificateSigningRequest {
+        CertificateSigningRequest {
+            metadata: ObjectMeta {
+                name: Some("csr-1".into()),
+                uid: Some("u1".into()),
+                ..Default::default()
+            },
+            spec: CertificateSigningRequestSpec {
+                request: ByteString(request),
+                signer_name: SIGNER.into(),
+                usages: Some(vec![USAGE_CLIENT_AUTH.into()]),
+                username: Some(user.into()),
+                groups: Some(groups.iter().map(|g| g.to_string()).collect()),
+                ..Default::default()
+            },
+            status: None,
+        }
+    }
+
+    const TOKEN_USER: &str = "system:bootstrap:abc123";
+    const POOL_GROUP: &str = "system:bootstrappers:byoh:pool-a";
+
+    fn enrolling(host: &str) -> CertificateSigningRequest {
+        csr(
+            good_pem(host),
+            TOKEN_USER,
+            &[POOL_GROUP, "system:bootstrappers", "system:authenticated"],
+        )
+    }
+
+    fn reason(v: Verdict) -> &'static str {
+        match v {
+            Verdict::Deny(d) => d.reason,
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn form_of_requests() {
+        let enroll = Request::Enroll {
+            host: "h1".into(),
+            pool: "pool-a".into(),
+            token_id: "abc123".into(),
+        };
+        assert_eq!(examine(&enrolling("h1")), Verdict::Admissible(enroll));
+        let renew = csr(
+            good_pem("h1"),
+            "byoh:host:h1",
+            &["byoh:hosts", "system:authenticated"],
+        );
+        assert_eq!(
+            examine(&renew),
+            Verdict::Admissible(Request::Renew { host: "h1".into() })
+        );
+
+        let mut c = enrolling("h1");
+        c.spec.signer_name = "kubernetes.io/kubelet-serving".into();
+        assert_eq!(reason(examine(&c)), "WrongSigner");
+        for usages in [
+            vec!["client auth", "server auth"],
+            vec!["digital signature", "client auth"],
+            vec![],
+        ] {
+            let mut c = enrolling("h1");
+            c.spec.usages = Some(usages.iter().map(|u| u.to_string()).collect());
+            assert_eq!(reason(examine(&c)), "WrongUsages", "{usages:?}");
+        }
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (b"not pem".to_vec(), "InvalidRequest"),
+            (
+                pem(Some("byoh:host:h1"), &["byoh:hosts"], None, &["h1.example.com"]),
+                "ExtensionsRequested",
+            ),
+            (
+                pem(
+                    Some("byoh:host:h1"),
+                    &["byoh:hosts"],
+                    Some(DnType::CountryName),
+                    &[],
+                ),
+                "WrongSubject",
+            ),
+            (
+                pem(Some("byoh:host:h1"), &["system:masters"], None, &[]),
+                "WrongSubject",
+            ),
+            (
+                pem(Some("byoh:host:h1"), &["byoh:hosts", "system:masters"], None, &[]),
+                "WrongSubject",
+            ),
+            (pem(Some("byoh:host:h1"), &[], None, &[]), "WrongSubject"),
+            (pem(Some("admin"), &["byoh:hosts"], None, &[]), "WrongSubject"),
+            (pem(None, &["byoh:hosts"], None, &[]), "WrongSubject"),
+            (
+                pem(Some("byoh:host:H_1"), &["byoh:hosts"], None, &[]),
+                "InvalidHostName",
+            ),
+        ];
+        for (request, want) in cases {
+            let c = csr(request, TOKEN_USER, &[POOL_GROUP]);
+            assert_eq!(reason(examine(&c)), want);
+        }
+
+        // Renewal for another host, by a host.
+        let c = csr(good_pem("b"), "byoh:host:a", &["byoh:hosts"]);
+        assert_eq!(reason(examine(&c)), "OtherHost");
+        // A host's name without the group.
+        let c = csr(good_pem("a"), "byoh:host:a", &["system:authenticated"]);
+        assert_eq!(reason(examine(&c)), "NotAHost");
+        // A plain user asking for a host identity.
+        let c = csr(good_pem("a"), "alice", &["system:authenticated"]);
+        assert_eq!(reason(examine(&c)), "NoToken");
+        // Another kind of bootstrap token (kubeadm's) asking for a host identity.
+        let c = csr(
+            good_pem("a"),
+            TOKEN_USER,
+            &[
+                "system:bootstrappers:kubeadm:default-node-token",
+                "system:bootstrappers",
+            ],
+        );
+        assert_eq!(reason(examine(&c)), "NotHostToken");
+        let c = csr(
+            good_pem("a"),
+            TOKEN_USER,
+            &[POOL_GROUP, "system:bootstrappers:byoh:pool-b"],
+        );
+        assert_eq!(reason(examine(&c)), "AmbiguousPool");
+    }
+
+    #[test]
+    fn leaves_other_csrs_alone() {
+        // A kubelet's client CSR: not about hosts.
+        let mut c = csr(
+            pem(Some("system:node:n1"), &["system:nodes"], None, &[]),
+            "system:node:n1",
+            &["system:nodes"],
+        );
+        c.spec.signer_name = "kubernetes.io/kube-apiserver-client-kubelet".into();
+        assert_eq!(examine(&c), Verdict::Ignore);
+        // Decided CSRs are never looked at again.
+        let mut c = enrolling("h1");
+        c.status = Some(CertificateSigningRequestStatus {
+            conditions: Some(vec![CertificateSigningRequestCondition {
+                type_: "Denied".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            certificate: None,
+        });
+        assert_eq!(examine(&c), Verdict::Ignore);
+    }
+
+    fn token(pool: &str, host: Option<&str>, expires: Timestamp) -> Secret {
+        let mut labels = BTreeMap::from([
+            (
+                identity::TOKEN_PURPOSE.to_string(),
+                identity::TOKEN_PURPOSE_HOST.to_string(),
+            ),
+            (identity::TOKEN_POOL.to_string(), pool.to_string()),
+        ]);
+        if let Some(h) = host {
+            labels.insert(identity::TOKEN_HOST.into(), h.into());
+        }
+        let data = [
+            ("token-id", "abc123".to_string()),
+            ("token-secret", "0123456789abcdef".to_string()),
+            ("usage-bootstrap-authentication", "true".to_string()),
+            ("auth-extra-groups", identity::bootstrappers_group(pool)),
+            ("expiration", expires.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
+        .collect();
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("bootstrap-token-abc123".into()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            type_: Some(identity::TOKEN_SECRET_TYPE.into()),
+            data: Some(data),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn tokens() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
+        let later: Timestamp = "2026-01-01T01:00:00Z".parse().expect("time");
+        let earlier: Timestamp = "2025-12-31T23:00:00Z".parse().expect("time");
+        let Verdict::Admissible(req) = examine(&enrolling("h1")) else {
+            panic!("admissible")
+        };
+        let check = |s: Option<&Secret>| check_token(s, &req, "csr-1/u1", now).map_err(|d| d.reason);
+
+        assert_eq!(check(Some(&token("pool-a", None, later))), Ok(()));
+        assert_eq!(check(Some(&token("pool-a", Some("h1"), later))), Ok(()));
+        assert_eq!(check(None), Err("TokenNotFound"));
+        assert_eq!(check(Some(&token("pool-a", Some("h2"), later))), Err("WrongHost"));
+        assert_eq!(check(Some(&token("pool-b", None, later))), Err("WrongPool"));
+        assert_eq!(check(Some(&token("pool-a", None, earlier))), Err("TokenExpired"));
+
+        let mut spent = token("pool-a", None, later);
+        spent
+            .annotations_mut()
+            .insert(identity::TOKEN_SPENT_BY.into(), "csr-0/u0".into());
+        assert_eq!(check(Some(&spent)), Err("TokenSpent"));
+        // Spent by this very CSR: an interrupted approval completes.
+        spent
+            .annotations_mut()
+            .insert(identity::TOKEN_SPENT_BY.into(), "csr-1/u1".into());
+        assert_eq!(check(Some(&spent)), Ok(()));
+
+        let mut foreign = token("pool-a", None, later);
+        foreign.labels_mut().remove(identity::TOKEN_PURPOSE);
+        assert_eq!(check(Some(&foreign)), Err("NotHostToken"));
+        let mut no_exp = token("pool-a", None, later);
+        no_exp.data.as_mut().expect("data").remove("expiration");
+        assert_eq!(check(Some(&no_exp)), Err("NotHostToken"));
+        let mut other_group = token("pool-a", None, later);
+        other_group.data.as_mut().expect("data").insert(
+            "auth-extra-groups".into(),
+            ByteString(b"system:bootstrappers:byoh:pool-b".to_vec()),
+        );
+        assert_eq!(check(Some(&other_group)), Err("WrongPool"));
+        // Renewals need no token.
+        assert_eq!(
+            check_token(None, &Request::Renew { host: "h1".into() }, "x", now),
+            Ok(())
+        );
+    }
+}
