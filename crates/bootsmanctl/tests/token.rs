@@ -2,6 +2,8 @@
 //! bootstrap token for the pool, and the kubeconfig it prints authenticates as that token and may
 //! submit a CertificateSigningRequest.
 
+mod common;
+
 use bootsman_api::identity;
 use bootsman_testenv::TestEnv;
 use bootsmanctl::cli::{Cli, run};
@@ -13,35 +15,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 
-fn apply_host_rbac(env: &TestEnv) {
-    let dir = bootsman_testenv::repo_root().join("config/rbac");
-    let out = env
-        .kubectl()
-        .args(["apply", "-k"])
-        .arg(&dir)
-        .output()
-        .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl apply -k config/rbac: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn csr_pem(host: &str) -> Vec<u8> {
-    let mut p = rcgen::CertificateParams::default();
-    let mut dn = rcgen::DistinguishedName::new();
-    dn.push(rcgen::DnType::CommonName, identity::host_user(host));
-    dn.push(rcgen::DnType::OrganizationName, identity::HOSTS_GROUP);
-    p.distinguished_name = dn;
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-    p.serialize_request(&key)
-        .expect("csr")
-        .pem()
-        .expect("pem")
-        .into_bytes()
-}
-
 async fn run_cli(args: &[&str]) -> anyhow::Result<String> {
     let cli = Cli::try_parse_from(args)?;
     let mut out = Vec::new();
@@ -52,7 +25,7 @@ async fn run_cli(args: &[&str]) -> anyhow::Result<String> {
 #[tokio::test]
 async fn token_authenticates_as_pool_bootstrapper_and_may_submit_a_csr() {
     let env = TestEnv::shared().await;
-    apply_host_rbac(env);
+    common::apply_host_rbac(env);
     let pool = env.create_namespace("token").await;
     let kubeconfig = env.kubeconfig().to_str().expect("utf-8 path").to_string();
     let printed = run_cli(&[
@@ -137,7 +110,7 @@ async fn token_authenticates_as_pool_bootstrapper_and_may_submit_a_csr() {
             ..ObjectMeta::default()
         },
         spec: CertificateSigningRequestSpec {
-            request: k8s_openapi::ByteString(csr_pem("web-1")),
+            request: k8s_openapi::ByteString(common::csr_pem("byoh:host:web-1", &[identity::HOSTS_GROUP])),
             signer_name: "kubernetes.io/kube-apiserver-client".into(),
             usages: Some(vec!["client auth".into()]),
             ..CertificateSigningRequestSpec::default()

@@ -1,0 +1,157 @@
+//! What the host-identity tests share: the host RBAC of config/rbac, an in-process CSR approver,
+//! tokens and raw CSRs.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bootsman_api::identity;
+use bootsman_testenv::TestEnv;
+use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestSpec};
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+
+/// Applies config/rbac (`kubectl apply -k`), as an installation does.
+pub fn apply_host_rbac(env: &TestEnv) {
+    let dir = bootsman_testenv::repo_root().join("config/rbac");
+    let out = env
+        .kubectl()
+        .args(["apply", "-k"])
+        .arg(&dir)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl apply -k config/rbac: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs the provider's CSR approver on this test's runtime until the test ends.
+pub async fn start_approver(env: &TestEnv) {
+    let metrics = Arc::new(bootsman_runtime::metrics::Metrics::new().expect("metrics"));
+    let client = env.client().await;
+    tokio::spawn(async move {
+        if let Err(e) =
+            bootsman_provider::csr_approver::run(client, metrics, futures::future::pending()).await
+        {
+            panic!("CSR approver: {e:#}");
+        }
+    });
+}
+
+/// A fresh directory under the environment's.
+pub fn temp_dir(env: &TestEnv, name: &str) -> PathBuf {
+    let dir = env.dir().join(format!("{name}-{}", rand_suffix()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Issues a token for `pool` (and `host`) and writes its bootstrap kubeconfig to a file.
+pub async fn bootstrap_kubeconfig(
+    env: &TestEnv,
+    pool: &str,
+    host: Option<&str>,
+) -> (bootsmanctl::token::Token, PathBuf) {
+    let admin = env.client().await;
+    let token = bootsmanctl::token::create(
+        &admin,
+        &bootsmanctl::token::Request {
+            pool: pool.into(),
+            host: host.map(Into::into),
+            ttl: Duration::from_secs(600),
+        },
+    )
+    .await
+    .expect("issue token");
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(env.kubeconfig()).expect("admin kubeconfig"),
+        &Default::default(),
+    )
+    .await
+    .expect("admin config");
+    let yaml =
+        bootsmanctl::token::bootstrap_kubeconfig(env.api_url(), &bootsmanctl::token::ca_pem(&config), &token);
+    let path = temp_dir(env, "bootstrap").join("bootstrap-kubeconfig");
+    std::fs::write(&path, yaml).expect("write bootstrap kubeconfig");
+    (token, path)
+}
+
+/// PEM of a request for CN `cn` and O `orgs`.
+pub fn csr_pem(cn: &str, orgs: &[&str]) -> Vec<u8> {
+    let mut p = rcgen::CertificateParams::default();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::CommonName, cn);
+    for o in orgs {
+        dn.push(rcgen::DnType::OrganizationName, *o);
+    }
+    p.distinguished_name = dn;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    p.serialize_request(&key)
+        .expect("csr")
+        .pem()
+        .expect("pem")
+        .into_bytes()
+}
+
+/// Submits a CSR as `client`, returning its name.
+pub async fn submit(client: &kube::Client, request: Vec<u8>, signer: &str, usages: &[&str]) -> String {
+    let csr = CertificateSigningRequest {
+        metadata: ObjectMeta {
+            generate_name: Some("test-host-".into()),
+            ..ObjectMeta::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: k8s_openapi::ByteString(request),
+            signer_name: signer.into(),
+            usages: Some(usages.iter().map(|u| u.to_string()).collect()),
+            ..CertificateSigningRequestSpec::default()
+        },
+        status: None,
+    };
+    Api::<CertificateSigningRequest>::all(client.clone())
+        .create(&PostParams::default(), &csr)
+        .await
+        .expect("submit CSR")
+        .metadata
+        .name
+        .expect("name")
+}
+
+/// Waits for the CSR's decision: `Ok(())` when approved, `Err(reason)` when denied.
+pub async fn decision(env: &TestEnv, name: &str) -> Result<(), String> {
+    let csrs = Api::<CertificateSigningRequest>::all(env.client().await);
+    bootsman_testenv::wait_for(
+        &format!("a decision on CSR {name}"),
+        Duration::from_secs(60),
+        || {
+            let csrs = csrs.clone();
+            async move {
+                let csr = csrs.get(name).await.map_err(|e| e.to_string())?;
+                let conds = csr.status.and_then(|s| s.conditions).unwrap_or_default();
+                conds
+                    .iter()
+                    .find_map(|c| match c.type_.as_str() {
+                        "Approved" => Some(Ok(())),
+                        "Denied" => Some(Err(c.reason.clone().unwrap_or_default())),
+                        _ => None,
+                    })
+                    .ok_or_else(|| format!("conditions {conds:?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// A host's user name.
+pub fn host_user(name: &str) -> String {
+    identity::host_user(name)
+}

@@ -1,0 +1,171 @@
+//! Enrollment end to end against the real control plane: `bootsmanctl hosts token`, the agent's
+//! `ensure_identity`, the provider's CSR approver (in-process) and kube-controller-manager's
+//! signer. Also every way a CSR for a host identity is denied.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use bootsman_api::identity;
+use bootsman_testenv::{TestEnv, wait_for};
+use byoh_agent::enroll::{self, Error, Options};
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::PostParams;
+
+fn options(env: &TestEnv, host: &str, bootstrap: Option<std::path::PathBuf>) -> Options {
+    let state_dir = common::temp_dir(env, "state").join("byoh-agent");
+    Options {
+        kubeconfig: state_dir.join("kubeconfig"),
+        state_dir,
+        bootstrap_kubeconfig: bootstrap,
+        host_name: host.into(),
+        approval_timeout: Duration::from_secs(60),
+    }
+}
+
+async fn whoami(config: kube::Config) -> (String, Vec<String>) {
+    let client = kube::Client::try_from(config).expect("client");
+    let review = Api::<SelfSubjectReview>::all(client)
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .expect("self subject review");
+    let user = review.status.and_then(|s| s.user_info).expect("user info");
+    (user.username.unwrap_or_default(), user.groups.unwrap_or_default())
+}
+
+fn mode(path: &std::path::Path) -> u32 {
+    std::fs::metadata(path).expect("stat").permissions().mode() & 0o777
+}
+
+#[tokio::test]
+async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
+    let env = TestEnv::shared().await;
+    common::apply_host_rbac(env);
+    common::start_approver(env).await;
+    let pool = env.create_namespace("enroll").await;
+    let (token, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some("web-1")).await;
+
+    let opts = options(env, "web-1", Some(bootstrap.clone()));
+    let config = enroll::ensure_identity(&opts).await.expect("enrollment");
+    let (user, groups) = whoami(config).await;
+    assert_eq!(user, "byoh:host:web-1");
+    assert!(groups.contains(&identity::HOSTS_GROUP.to_string()), "{groups:?}");
+    assert_eq!(mode(&opts.kubeconfig), 0o600);
+    assert_eq!(mode(&opts.state_dir.join(enroll::KEY_FILE)), 0o600);
+    assert_eq!(mode(&opts.state_dir), 0o700);
+
+    // The token is spent: its Secret is gone, so the token no longer even authenticates.
+    let secrets = Api::<Secret>::namespaced(env.client().await, identity::TOKEN_NAMESPACE);
+    wait_for(
+        "the spent token's Secret to be deleted",
+        Duration::from_secs(30),
+        || {
+            let secrets = secrets.clone();
+            let name = token.secret_name();
+            async move {
+                match secrets.get_opt(&name).await {
+                    Ok(None) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let again = options(env, "web-1", Some(bootstrap));
+    match enroll::ensure_identity(&again).await {
+        Err(Error::Kube {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 401 => {}
+        Err(Error::Denied { reason, .. }) if reason == "TokenNotFound" || reason == "TokenSpent" => {}
+        other => panic!("a spent token enrolled again: {other:?}"),
+    }
+
+    // A valid certificate is reused as it is.
+    let before = std::fs::read(&opts.kubeconfig).expect("kubeconfig");
+    enroll::ensure_identity(&opts).await.expect("reuse");
+    assert_eq!(std::fs::read(&opts.kubeconfig).expect("kubeconfig"), before);
+
+    // Renewal with the host's own identity, for the shortest lifetime the API server allows.
+    let renewed = enroll::renew(&opts, Some(Duration::from_secs(600)))
+        .await
+        .expect("renewal");
+    assert_eq!(whoami(renewed).await.0, "byoh:host:web-1");
+    let kc = kube::config::Kubeconfig::read_from(&opts.kubeconfig).expect("kubeconfig");
+    let data = kc.auth_infos[0]
+        .auth_info
+        .as_ref()
+        .and_then(|a| a.client_certificate_data.clone())
+        .expect("embedded certificate");
+    use base64::Engine as _;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .expect("base64");
+    let (cn, v) = enroll::read_certificate(&pem).expect("certificate");
+    assert_eq!(cn, "byoh:host:web-1");
+    let lifetime = v.not_after - v.not_before;
+    // The signer backdates by up to 5 minutes.
+    assert!((600..=900).contains(&lifetime), "lifetime {lifetime}s");
+    assert_eq!(mode(&opts.kubeconfig), 0o600);
+}
+
+#[tokio::test]
+async fn a_token_for_one_host_is_denied_to_another() {
+    let env = TestEnv::shared().await;
+    common::apply_host_rbac(env);
+    common::start_approver(env).await;
+    let pool = env.create_namespace("enroll-x").await;
+    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some("host-x")).await;
+    let opts = options(env, "host-y", Some(bootstrap));
+    match enroll::ensure_identity(&opts).await {
+        Err(Error::Denied { reason, message, .. }) => {
+            assert_eq!(reason, "WrongHost", "{message}");
+        }
+        other => panic!("host-y enrolled with host-x's token: {other:?}"),
+    }
+    assert!(!opts.kubeconfig.exists());
+}
+
+#[tokio::test]
+async fn forged_requests_are_denied_with_a_reason() {
+    let env = TestEnv::shared().await;
+    common::apply_host_rbac(env);
+    common::start_approver(env).await;
+    let pool = env.create_namespace("enroll-deny").await;
+    let good = |h: &str| common::csr_pem(&common::host_user(h), &[identity::HOSTS_GROUP]);
+    let client_auth = ["client auth"];
+
+    // Host a renewing as host b.
+    let host_a = env.client_for("byoh:host:a", &[identity::HOSTS_GROUP]).await;
+    let csr = common::submit(&host_a, good("b"), enroll::SIGNER, &client_auth).await;
+    assert_eq!(common::decision(env, &csr).await, Err("OtherHost".into()));
+
+    // A user without a token asking for a host identity.
+    let admin = env.client().await;
+    let csr = common::submit(&admin, good("c"), enroll::SIGNER, &client_auth).await;
+    assert_eq!(common::decision(env, &csr).await, Err("NoToken".into()));
+
+    // With a valid token: extra usages, another signer, a wrong O. Each is denied before the
+    // token is spent, so one token serves all three.
+    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, None).await;
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&bootstrap).expect("bootstrap kubeconfig"),
+        &Default::default(),
+    )
+    .await
+    .expect("config");
+    let token = kube::Client::try_from(config).expect("client");
+    let csr = common::submit(&token, good("d"), enroll::SIGNER, &["client auth", "server auth"]).await;
+    assert_eq!(common::decision(env, &csr).await, Err("WrongUsages".into()));
+    let csr = common::submit(&token, good("d"), "example.com/host-signer", &client_auth).await;
+    assert_eq!(common::decision(env, &csr).await, Err("WrongSigner".into()));
+    let wrong_o = common::csr_pem(&common::host_user("d"), &["byoh:admins"]);
+    let csr = common::submit(&token, wrong_o, enroll::SIGNER, &client_auth).await;
+    assert_eq!(common::decision(env, &csr).await, Err("WrongSubject".into()));
+    // And the token is still good for a correct request.
+    let csr = common::submit(&token, good("d"), enroll::SIGNER, &client_auth).await;
+    assert_eq!(common::decision(env, &csr).await, Ok(()));
+}
