@@ -1,0 +1,403 @@
+//! What an enrolled host may do, checked by the real API server with `config/rbac/` applied: host
+//! A (user `byoh:host:a`, group `byoh:hosts`) writes its own ByoHost, status and Lease, and nothing
+//! of host B's; it never sets or changes the spec fields the provider and admins own; and it reads
+//! no Secret at all, B's bootstrap Secret included (which B itself may read through the provider's
+//! per-host Role).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
+use bootsman_testenv::{TestEnv, wait_for};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn apply_rbac(env: &TestEnv) {
+    let dir = bootsman_testenv::repo_root().join("config/rbac");
+    let out = env
+        .kubectl()
+        .args(["apply", "-k"])
+        .arg(&dir)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl apply -k config/rbac: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn meta(name: &str, ns: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(ns.into()),
+        ..Default::default()
+    }
+}
+
+fn host(name: &str, ns: &str) -> ByoHost {
+    let mut h = ByoHost::new(name, ByoHostSpec::default());
+    h.metadata.namespace = Some(ns.into());
+    h
+}
+
+fn lease(name: &str, ns: &str) -> Lease {
+    Lease {
+        metadata: meta(name, ns),
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name.into()),
+            lease_duration_seconds: Some(40),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Asserts the API server refused the call: 403 from RBAC or a policy, or 422 from a policy.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) -> String {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => s.message,
+        other => panic!("{what}: expected a refusal, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn allowed<T>(what: &str, r: Result<T, kube::Error>) -> T {
+    r.unwrap_or_else(|e| panic!("{what}: expected it to be allowed, got {e}"))
+}
+
+/// The provider's hand-over for host `name`: its bootstrap Secret, readable by it alone.
+async fn bootstrap_secret_for(admin: &kube::Client, ns: &str, name: &str) {
+    let secret = format!("{name}-bootstrap");
+    Api::<Secret>::namespaced(admin.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: meta(&secret, ns),
+                data: Some(BTreeMap::from([(
+                    "value".to_string(),
+                    ByteString(b"#cloud-config\n".to_vec()),
+                )])),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let role = format!("{name}-bootstrap-reader");
+    Api::<Role>::namespaced(admin.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &Role {
+                metadata: meta(&role, ns),
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec![String::new()]),
+                    resources: Some(vec!["secrets".into()]),
+                    resource_names: Some(vec![secret]),
+                    verbs: vec!["get".into(), "watch".into(), "list".into()],
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: meta(&role, ns),
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "Role".into(),
+                    name: role.clone(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "User".into(),
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    name: format!("byoh:host:{name}"),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_host_writes_only_its_own_objects_and_reads_no_secret() {
+    let env = TestEnv::shared().await;
+    apply_rbac(env);
+    let ns = env.create_namespace("authz").await;
+    let admin = env.client().await;
+    let a = env.client_for("byoh:host:a", &["byoh:hosts"]).await;
+    let b = env.client_for("byoh:host:b", &["byoh:hosts"]).await;
+    let a_hosts = Api::<ByoHost>::namespaced(a.clone(), &ns);
+    let a_leases = Api::<Lease>::namespaced(a.clone(), &ns);
+    let pp = PostParams::default();
+
+    // Policies take effect a moment after they are created: wait until A is refused B's name.
+    wait_for(
+        "the host policies to refuse host a creating ByoHost b",
+        WAIT,
+        || {
+            let a_hosts = a_hosts.clone();
+            let ns = ns.clone();
+            async move {
+                match a_hosts.create(&PostParams::default(), &host("b", &ns)).await {
+                    Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => Ok(()),
+                    Ok(h) => {
+                        let _ = Api::<ByoHost>::namespaced(env.client().await, &ns)
+                            .delete(&h.name_any(), &Default::default())
+                            .await;
+                        Err("host a could still create ByoHost b".to_string())
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        },
+    )
+    .await;
+
+    // B's objects, as B's agent and the provider made them.
+    allowed(
+        "host b creates its ByoHost",
+        Api::<ByoHost>::namespaced(b.clone(), &ns)
+            .create(&pp, &host("b", &ns))
+            .await,
+    );
+    allowed(
+        "host b creates its Lease",
+        Api::<Lease>::namespaced(b.clone(), &ns)
+            .create(&pp, &lease("b", &ns))
+            .await,
+    );
+    bootstrap_secret_for(&admin, &ns, "b").await;
+    Api::<Secret>::namespaced(admin.clone(), &ns)
+        .create(
+            &pp,
+            &Secret {
+                metadata: meta("cluster1-kubeconfig", &ns),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    // Allowed: A's own ByoHost, its status and its Lease.
+    allowed(
+        "host a creates its ByoHost",
+        a_hosts.create(&pp, &host("a", &ns)).await,
+    );
+    let status = json!({"status": {"agentVersion": "1.0.0", "hostInfo": {"hostname": "a"}}});
+    let own = allowed(
+        "host a writes its status",
+        a_hosts
+            .patch_status("a", &PatchParams::default(), &Patch::Merge(&status))
+            .await,
+    );
+    assert_eq!(own.status.unwrap().agent_version.as_deref(), Some("1.0.0"));
+    allowed(
+        "host a labels its ByoHost",
+        a_hosts
+            .patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"labels": {"role": "worker"}}})),
+            )
+            .await,
+    );
+    allowed(
+        "host a creates its Lease",
+        a_leases.create(&pp, &lease("a", &ns)).await,
+    );
+    let renew = json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+    allowed(
+        "host a renews its Lease",
+        a_leases
+            .patch("a", &PatchParams::default(), &Patch::Merge(&renew))
+            .await,
+    );
+
+    // Refused: anything of B's, and names that merely contain A's (BYOH matched substrings).
+    for name in ["b", "a1", "xa", "a.b"] {
+        refused(
+            &format!("host a creates ByoHost {name}"),
+            a_hosts.create(&pp, &host(name, &ns)).await,
+        );
+        refused(
+            &format!("host a creates Lease {name}"),
+            a_leases.create(&pp, &lease(name, &ns)).await,
+        );
+    }
+    let label = json!({"metadata": {"labels": {"role": "control-plane"}}});
+    refused(
+        "host a patches ByoHost b",
+        a_hosts
+            .patch("b", &PatchParams::default(), &Patch::Merge(&label))
+            .await,
+    );
+    let mut b_host = Api::<ByoHost>::namespaced(admin.clone(), &ns)
+        .get("b")
+        .await
+        .unwrap();
+    b_host.labels_mut().insert("role".into(), "control-plane".into());
+    refused(
+        "host a replaces ByoHost b",
+        a_hosts.replace("b", &pp, &b_host).await,
+    );
+    refused(
+        "host a writes the status of ByoHost b",
+        a_hosts
+            .patch_status("b", &PatchParams::default(), &Patch::Merge(&status))
+            .await,
+    );
+    refused(
+        "host a renews Lease b",
+        a_leases
+            .patch("b", &PatchParams::default(), &Patch::Merge(&renew))
+            .await,
+    );
+    refused(
+        "host a deletes ByoHost b",
+        a_hosts.delete("b", &Default::default()).await,
+    );
+    refused(
+        "host a deletes Lease b",
+        a_leases.delete("b", &Default::default()).await,
+    );
+
+    // Refused: the spec fields the provider and admins own, on A's own ByoHost.
+    let claims = [
+        (
+            "spec.machineRef",
+            json!({"spec": {"machineRef": {"namespace": ns, "name": "m1", "uid": "u1"}}}),
+        ),
+        (
+            "spec.bootstrapSecret",
+            json!({"spec": {"bootstrapSecret": {"name": "cluster1-kubeconfig"}}}),
+        ),
+        ("spec.maintenance", json!({"spec": {"maintenance": true}})),
+    ];
+    for (field, patch) in &claims {
+        refused(
+            &format!("host a sets {field} of its ByoHost"),
+            a_hosts
+                .patch("a", &PatchParams::default(), &Patch::Merge(patch))
+                .await,
+        );
+    }
+    // Nor may a host create its ByoHost with them set.
+    let c_hosts = Api::<ByoHost>::namespaced(env.client_for("byoh:host:c", &["byoh:hosts"]).await, &ns);
+    let mut in_maintenance = host("c", &ns);
+    in_maintenance.spec.maintenance = Some(true);
+    refused(
+        "host c creates its ByoHost in maintenance",
+        c_hosts.create(&pp, &in_maintenance).await,
+    );
+    let mut claimed = host("c", &ns);
+    claimed.spec.machine_ref = Some(bootsman_api::v1beta1::MachineRef {
+        namespace: ns.clone(),
+        name: "m1".into(),
+        uid: "u1".into(),
+    });
+    refused(
+        "host c creates its ByoHost claimed",
+        c_hosts.create(&pp, &claimed).await,
+    );
+    allowed(
+        "host c creates its ByoHost",
+        c_hosts.create(&pp, &host("c", &ns)).await,
+    );
+    // A change the provider makes stays out of A's reach afterwards too.
+    Api::<ByoHost>::namespaced(admin.clone(), &ns)
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"machineRef": {"namespace": ns, "name": "m1", "uid": "u1"}}})),
+        )
+        .await
+        .unwrap();
+    refused(
+        "host a clears its own spec.machineRef",
+        a_hosts
+            .patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"machineRef": null}})),
+            )
+            .await,
+    );
+    let unchanged = Api::<ByoHost>::namespaced(admin.clone(), &ns)
+        .get("a")
+        .await
+        .unwrap();
+    assert_eq!(unchanged.spec.machine_ref.unwrap().name, "m1");
+    assert_eq!(unchanged.spec.maintenance, None);
+    assert_eq!(unchanged.spec.bootstrap_secret, None);
+
+    // Secrets: none for A, B's own bootstrap Secret for B only.
+    let a_secrets = Api::<Secret>::namespaced(a.clone(), &ns);
+    refused(
+        "host a reads b's bootstrap Secret",
+        a_secrets.get("b-bootstrap").await,
+    );
+    refused(
+        "host a reads another Secret",
+        a_secrets.get("cluster1-kubeconfig").await,
+    );
+    refused(
+        "host a lists Secrets",
+        a_secrets.list(&ListParams::default()).await,
+    );
+    refused(
+        "host a lists Secrets of every namespace",
+        Api::<Secret>::all(a.clone()).list(&ListParams::default()).await,
+    );
+    refused(
+        "host a reads a bootstrap token",
+        Api::<Secret>::namespaced(a.clone(), "kube-system")
+            .list(&ListParams::default())
+            .await,
+    );
+    let b_secrets = Api::<Secret>::namespaced(b.clone(), &ns);
+    allowed(
+        "host b reads its bootstrap Secret",
+        b_secrets.get("b-bootstrap").await,
+    );
+    refused(
+        "host b reads another Secret",
+        b_secrets.get("cluster1-kubeconfig").await,
+    );
+}
+
+#[tokio::test]
+async fn an_admin_still_manages_hosts() {
+    let env = TestEnv::shared().await;
+    apply_rbac(env);
+    let ns = env.create_namespace("authz-admin").await;
+    let admin = Api::<ByoHost>::namespaced(env.client().await, &ns);
+    let mut h = host("web1", &ns);
+    h.spec.maintenance = Some(true);
+    admin.create(&PostParams::default(), &h).await.unwrap();
+    admin
+        .patch(
+            "web1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"maintenance": null}, "metadata": {"labels": {"role": "worker"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+}
