@@ -1,5 +1,351 @@
 //! `byoh-agent`: see the crate documentation and the README for flags, metrics and Events.
+//! Every flag can also be set from the environment (`BYOH_*`), so a systemd `EnvironmentFile`
+//! configures the agent.
 
-fn main() {
-    println!("byoh-agent {}", env!("CARGO_PKG_VERSION"));
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use bootsman_runtime::metrics::Metrics;
+use byoh_agent::agent::{self, AgentMetrics};
+use byoh_agent::enroll;
+use byoh_agent::executor::Executor;
+use byoh_agent::root::Root;
+use byoh_agent::state::StateDir;
+use clap::Parser;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::sync::watch;
+
+/// Host agent of Bootsman: registers this server in a pool, heartbeats, runs bootstrap data and
+/// resets the server on release.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// The agent's own identity (client certificate of `byoh:host:<name>`).
+    #[arg(
+        long,
+        env = "BYOH_KUBECONFIG",
+        default_value = "/var/lib/byoh-agent/kubeconfig"
+    )]
+    kubeconfig: PathBuf,
+    /// A bootstrap kubeconfig (from `bootsmanctl hosts token`) used to enrol when the identity is
+    /// missing or expired.
+    #[arg(long, env = "BYOH_BOOTSTRAP_KUBECONFIG")]
+    bootstrap_kubeconfig: Option<PathBuf>,
+    /// Namespace of the pool the host joins.
+    #[arg(long, env = "BYOH_NAMESPACE")]
+    namespace: String,
+    /// Host name (an RFC 1123 subdomain); the kernel's host name when not set.
+    #[arg(long, env = "BYOH_NAME")]
+    name: Option<String>,
+    /// A label `key=value` for the ByoHost (repeatable; comma-separated in the environment).
+    #[arg(long = "label", env = "BYOH_LABELS", value_delimiter = ',', value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Every path the bootstrap or reset touches is confined to this directory.
+    #[arg(long, env = "BYOH_ROOT", default_value = "/")]
+    root: PathBuf,
+    /// Where progress journals, logs and the identity live.
+    #[arg(long, env = "BYOH_STATE_DIR", default_value = "/var/lib/byoh-agent")]
+    state_dir: PathBuf,
+    /// How often the heartbeat Lease is renewed (it lasts four times as long), e.g. 10s.
+    #[arg(long, env = "BYOH_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    heartbeat_interval: Duration,
+    /// Longest one bootstrap command may run, e.g. 10m.
+    #[arg(long, env = "BYOH_COMMAND_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    command_timeout: Duration,
+    /// Address of the /livez, /readyz and /metrics server.
+    #[arg(long, env = "BYOH_METRICS_BIND_ADDRESS", default_value = "127.0.0.1:9440")]
+    metrics_bind_address: SocketAddr,
+    /// How long enrolment waits for the host's certificate request to be approved, e.g. 15m.
+    #[arg(long, env = "BYOH_APPROVAL_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    approval_timeout: Duration,
+    /// Log format: json, text, or auto (JSON unless stderr is a terminal).
+    #[arg(long, env = "BYOH_LOG_FORMAT", default_value = "auto", value_parser = ["json", "text", "auto"])]
+    log_format: String,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not key=value"))?;
+    let name = k.rsplit('/').next().unwrap_or(k);
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    let prefix_ok = match k.rsplit_once('/') {
+        Some((p, _)) => agent::check_host_name(p).is_ok(),
+        None => true,
+    };
+    if !name_ok || !prefix_ok {
+        return Err(format!(
+            "label key {k:?} must be [prefix/]name: name at most 63 characters of a-z, A-Z, 0-9, \
+             '-', '_', '.', starting and ending alphanumeric; prefix an RFC 1123 subdomain"
+        ));
+    }
+    let v_ok = v.is_empty()
+        || (v.len() <= 63
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && v.as_bytes()[0].is_ascii_alphanumeric()
+            && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric());
+    if !v_ok {
+        return Err(format!(
+            "label value {v:?} must be empty or at most 63 characters of a-z, A-Z, 0-9, '-', '_', \
+             '.', starting and ending alphanumeric"
+        ));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// Parses `500ms`, `90s`, `15m`, `1h` or a plain number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let i = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(i);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 10s, 15m or 1h"))?;
+    let d = match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("{s:?}: the unit must be ms, s, m or h")),
+    };
+    if d.is_zero() {
+        return Err(format!("{s:?} must be more than zero"));
+    }
+    Ok(d)
+}
+
+fn init_logs(format: &str) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let json = match format {
+        "json" => true,
+        "text" => false,
+        _ => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// Whether the kubeconfig at `path` holds a client certificate that is valid now.
+fn identity_valid(path: &Path) -> anyhow::Result<()> {
+    let kc = Kubeconfig::read_from(path).with_context(|| format!("read {}", path.display()))?;
+    let auth = kc
+        .auth_infos
+        .first()
+        .and_then(|a| a.auth_info.clone())
+        .with_context(|| format!("{} has no user", path.display()))?;
+    let pem = if let Some(data) = &auth.client_certificate_data {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .context("client-certificate-data is not base64")?
+    } else if let Some(file) = &auth.client_certificate {
+        let file = Path::new(file);
+        let file = if file.is_relative() {
+            path.parent().unwrap_or(Path::new(".")).join(file)
+        } else {
+            file.to_path_buf()
+        };
+        std::fs::read(&file).with_context(|| format!("read {}", file.display()))?
+    } else {
+        bail!("{} has no client certificate", path.display());
+    };
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).context("client certificate is not PEM")?;
+    let cert = pem.parse_x509().context("client certificate is not X.509")?;
+    let not_after = cert.validity().not_after.timestamp();
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    if not_after <= now {
+        bail!("the client certificate in {} expired", path.display());
+    }
+    Ok(())
+}
+
+async fn client_from(path: &Path) -> anyhow::Result<kube::Client> {
+    let kc = Kubeconfig::read_from(path).with_context(|| format!("read {}", path.display()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("load {}", path.display()))?;
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+/// A flag that turns true on the first SIGTERM or SIGINT (systemd stop, Ctrl-C).
+fn stop_on_signals() -> std::io::Result<watch::Receiver<bool>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let which = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(
+            signal = which,
+            "draining: the watch stops, a running command is abandoned with its progress kept"
+        );
+        tx.send_replace(true);
+    });
+    Ok(rx)
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    init_logs(&args.log_format);
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "byoh-agent stopped");
+            eprintln!("byoh-agent: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let name = match args.name.clone() {
+        Some(n) => n,
+        None => byoh_agent::inventory::kernel_hostname()
+            .context("--name is not set and the kernel host name is unknown")?,
+    };
+    agent::check_host_name(&name).map_err(|rule| anyhow::anyhow!("--name: {rule}"))?;
+    agent::check_host_name(&args.namespace).map_err(|rule| anyhow::anyhow!("--namespace: {rule}"))?;
+    if !args.root.is_dir() {
+        bail!("--root: {} is not a directory", args.root.display());
+    }
+    let root = Root::new(&args.root).context("--root")?;
+    let state = StateDir::open(&args.state_dir).context("--state-dir")?;
+    let labels: BTreeMap<String, String> = args.labels.iter().cloned().collect();
+
+    let enroll_opts = enroll::Options {
+        state_dir: args.state_dir.clone(),
+        kubeconfig: args.kubeconfig.clone(),
+        bootstrap_kubeconfig: args.bootstrap_kubeconfig.clone(),
+        host_name: name.clone(),
+        approval_timeout: args.approval_timeout,
+    };
+    let mut client = match identity_valid(&args.kubeconfig) {
+        Ok(()) => client_from(&args.kubeconfig).await.context("--kubeconfig")?,
+        Err(why) => {
+            tracing::info!(reason = format!("{why:#}"), "no usable identity; enrolling");
+            let cfg = enroll::ensure_identity(&enroll_opts)
+                .await
+                .context("--kubeconfig/--bootstrap-kubeconfig: enrolment failed")?;
+            kube::Client::try_from(cfg)?
+        }
+    };
+
+    let metrics = Arc::new(Metrics::new()?);
+    let agent_metrics = AgentMetrics::register(metrics.registry())?;
+
+    let stop_rx = stop_on_signals().context("install the SIGTERM handler")?;
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let server = bootsman_runtime::server::bind(args.metrics_bind_address)
+        .await
+        .context("--metrics-bind-address")?;
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let server_task = tokio::spawn(server.serve(metrics.clone(), ready_rx, stopped(stop_rx.clone())));
+    let ready = ready_tx.clone();
+    let mut registered_rx = {
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn({
+            let mut rx = rx.clone();
+            async move {
+                if rx.wait_for(|r| *r).await.is_ok() {
+                    ready.send_replace(true);
+                    tracing::info!(
+                        seconds = started.elapsed().as_secs_f64(),
+                        "registered after start"
+                    );
+                }
+            }
+        });
+        (tx, rx)
+    };
+    let opts = agent::Options {
+        name,
+        namespace: args.namespace.clone(),
+        labels,
+        heartbeat_interval: args.heartbeat_interval,
+        executor: Executor {
+            root,
+            state,
+            command_timeout: args.command_timeout,
+        },
+    };
+    // A renewed certificate restarts the protocol with a client of the new identity; the
+    // journal in the state directory carries any bootstrap in progress across.
+    let (renewed_tx, mut renewed_rx) = watch::channel(0u64);
+    tokio::spawn({
+        let enroll_opts = enroll_opts.clone();
+        let stop = stop_rx.clone();
+        async move {
+            let r = enroll::renew_loop(
+                &enroll_opts,
+                |_| {
+                    tracing::info!("host certificate renewed");
+                    renewed_tx.send_modify(|n| *n += 1);
+                },
+                stopped(stop),
+            )
+            .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "host certificate renewal stopped");
+            }
+        }
+    });
+    let result = loop {
+        let (run_stop_tx, run_stop_rx) = watch::channel(false);
+        let forward = tokio::spawn({
+            let mut stop = stop_rx.clone();
+            let mut renewed = renewed_rx.clone();
+            async move {
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => {}
+                    _ = renewed.changed() => {}
+                }
+                let _ = run_stop_tx.send(true);
+            }
+        });
+        renewed_rx.borrow_and_update();
+        let r = agent::run(
+            client.clone(),
+            opts.clone(),
+            agent_metrics.clone(),
+            registered_rx.0.clone(),
+            run_stop_rx,
+        )
+        .await;
+        forward.abort();
+        if r.is_err() || *stop_rx.borrow() || !renewed_rx.has_changed().unwrap_or(false) {
+            break r;
+        }
+        client = client_from(&args.kubeconfig).await.context("--kubeconfig")?;
+    };
+    let _ = registered_rx.1.borrow_and_update();
+    // The server stops with the stop signal; on an error it is simply dropped with the process.
+    if result.is_ok() {
+        let _ = tokio::time::timeout(Duration::from_secs(6), server_task).await;
+    }
+    result.map_err(Into::into)
 }

@@ -1,0 +1,592 @@
+//! The agent's life on the management cluster: registration, heartbeat and the watch of its own
+//! ByoHost that drives bootstrap and reset.
+//!
+//! Writes, each by server-side apply with its own field manager so no write undoes another:
+//! - `byoh-agent`: the ByoHost's labels (from `--label`; labels dropped from the flags are
+//!   removed because the manager no longer applies them) and the heartbeat Lease;
+//! - `byoh-agent/inventory`: `status.hostInfo`, `status.network`, `status.agentVersion`;
+//! - `byoh-agent/<Condition>`: one manager per condition (`Registered`, `BootstrapSucceeded`,
+//!   `CleanupSucceeded`), each with the `observedGeneration` of the spec it answers.
+//!
+//! Events on the ByoHost: `BootstrapSucceeded`, `BootstrapFailed`, `CleanupSucceeded`,
+//! `CleanupFailed`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bootsman_api::condition::types;
+use bootsman_api::v1beta1::ByoHost;
+use bootsman_runtime::{conditions, ssa};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Resource};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::cloudinit;
+use crate::executor::{ExecError, Executor};
+use crate::state::Outcome;
+
+/// Field manager of labels and the Lease.
+pub const MANAGER: &str = "byoh-agent";
+/// Field manager of the inventory.
+pub const INVENTORY_MANAGER: &str = "byoh-agent/inventory";
+
+/// What the agent needs to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Host (and ByoHost, and Lease) name.
+    pub name: String,
+    /// Pool namespace.
+    pub namespace: String,
+    /// Labels the ByoHost carries.
+    pub labels: BTreeMap<String, String>,
+    /// How often the Lease is renewed; it lasts four times as long.
+    pub heartbeat_interval: Duration,
+    /// Runs bootstraps and resets.
+    pub executor: Executor,
+}
+
+/// A failure that ends the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Registration failed.
+    #[error("register ByoHost {ns}/{name}: {source}")]
+    Register {
+        /// Namespace.
+        ns: String,
+        /// Name.
+        name: String,
+        /// Cause.
+        source: kube::Error,
+    },
+    /// The Lease could not be renewed for longer than it lasts.
+    #[error(
+        "heartbeat lost: the Lease {ns}/{name} could not be renewed for {secs}s (its duration); last error: {last}"
+    )]
+    HeartbeatLost {
+        /// Namespace.
+        ns: String,
+        /// Name.
+        name: String,
+        /// Lease duration.
+        secs: u64,
+        /// Last renewal error.
+        last: String,
+    },
+    /// A metric could not be registered.
+    #[error("register metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// The agent's own metrics (prefix `bootsman_agent_`).
+#[derive(Debug, Clone)]
+pub struct AgentMetrics {
+    /// Bootstraps run, by result.
+    pub bootstraps: IntCounterVec,
+    /// Resets run, by result.
+    pub resets: IntCounterVec,
+    /// Lease renewals that succeeded.
+    pub renewals: IntCounter,
+    /// Lease renewals that failed.
+    pub renewal_failures: IntCounter,
+    /// Unix time of the last successful renewal.
+    pub last_renew: IntGauge,
+}
+
+impl AgentMetrics {
+    /// Registers the agent metrics in `registry`.
+    pub fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
+        let m = Self {
+            bootstraps: IntCounterVec::new(
+                Opts::new(
+                    "agent_bootstrap_runs_total",
+                    "Bootstraps finished, by result (succeeded, failed).",
+                ),
+                &["result"],
+            )?,
+            resets: IntCounterVec::new(
+                Opts::new(
+                    "agent_reset_runs_total",
+                    "Resets finished, by result (succeeded, failed).",
+                ),
+                &["result"],
+            )?,
+            renewals: IntCounter::new(
+                "agent_heartbeat_renewals_total",
+                "Heartbeat Lease renewals that succeeded.",
+            )?,
+            renewal_failures: IntCounter::new(
+                "agent_heartbeat_failures_total",
+                "Heartbeat Lease renewals that failed.",
+            )?,
+            last_renew: IntGauge::new(
+                "agent_heartbeat_last_success_timestamp_seconds",
+                "Unix time of the last successful Lease renewal.",
+            )?,
+        };
+        registry.register(Box::new(m.bootstraps.clone()))?;
+        registry.register(Box::new(m.resets.clone()))?;
+        registry.register(Box::new(m.renewals.clone()))?;
+        registry.register(Box::new(m.renewal_failures.clone()))?;
+        registry.register(Box::new(m.last_renew.clone()))?;
+        Ok(m)
+    }
+}
+
+/// Whether `name` is an RFC 1123 subdomain (what a ByoHost name must be).
+pub fn check_host_name(name: &str) -> Result<(), String> {
+    let rule = "must be an RFC 1123 subdomain: at most 253 characters of lowercase a-z, 0-9, '-' \
+                and '.', each dot-separated part starting and ending with a letter or digit";
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|part| {
+            !part.is_empty()
+                && part.len() <= 63
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{name:?} {rule}"))
+    }
+}
+
+struct Agent {
+    opts: Options,
+    api: Api<ByoHost>,
+    secrets: kube::Client,
+    recorder: Recorder,
+    metrics: AgentMetrics,
+}
+
+/// Runs the agent until `stop` fires (Ok) or the heartbeat is lost (Err). `registered` is told
+/// once the ByoHost reports `Registered=True`.
+pub async fn run(
+    client: kube::Client,
+    opts: Options,
+    metrics: AgentMetrics,
+    registered: watch::Sender<bool>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let api: Api<ByoHost> = Api::namespaced(client.clone(), &opts.namespace);
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: MANAGER.into(),
+            instance: Some(opts.name.clone()),
+        },
+    );
+    let agent = Arc::new(Agent {
+        opts,
+        api,
+        secrets: client.clone(),
+        recorder,
+        metrics,
+    });
+    // The Lease first, so a freshly registered host is not seen Offline.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &agent.opts.namespace);
+    if let Err(e) = agent.renew(&leases).await {
+        tracing::warn!(error = %e, "first heartbeat failed; retrying");
+    }
+    agent.register().await?;
+    registered.send_replace(true);
+    tracing::info!(host = %agent.opts.name, namespace = %agent.opts.namespace, "registered");
+
+    let heartbeat = tokio::spawn(agent.clone().heartbeat(leases, stop.clone()));
+    let (host_tx, host_rx) = watch::channel::<Option<ByoHost>>(None);
+    let worker = tokio::spawn(agent.clone().work(host_rx, stop.clone()));
+    let watch_task = tokio::spawn(agent.clone().watch(host_tx, stop.clone()));
+
+    let mut stopping = stop.clone();
+    let result = tokio::select! {
+        r = heartbeat => match r {
+            Ok(Err(e)) => Err(e),
+            _ => Ok(()),
+        },
+        _ = stopping.wait_for(|s| *s) => Ok(()),
+    };
+    watch_task.abort();
+    if result.is_ok() {
+        // The worker sees the stop too: it abandons a running command and keeps its progress.
+        let _ = tokio::time::timeout(Duration::from_secs(20), worker).await;
+    } else {
+        worker.abort();
+    }
+    result
+}
+
+impl Agent {
+    fn lease_duration(&self) -> Duration {
+        self.opts.heartbeat_interval * 4
+    }
+
+    async fn renew(&self, leases: &Api<Lease>) -> Result<(), kube::Error> {
+        let body = ssa::body::<Lease>(
+            &self.opts.name,
+            Some(&self.opts.namespace),
+            json!({"spec": {
+                "holderIdentity": self.opts.name,
+                "leaseDurationSeconds": self.lease_duration().as_secs().max(1),
+                "renewTime": MicroTime(Timestamp::now()),
+            }}),
+        );
+        ssa::apply(leases, MANAGER, &self.opts.name, &body).await?;
+        self.metrics.renewals.inc();
+        self.metrics.last_renew.set(Timestamp::now().as_second());
+        Ok(())
+    }
+
+    /// Renews the Lease every interval; fails once it could not for longer than it lasts.
+    async fn heartbeat(
+        self: Arc<Self>,
+        leases: Api<Lease>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), Error> {
+        let mut last_ok = Instant::now();
+        let mut tick = tokio::time::interval(self.opts.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+            }
+            match tokio::time::timeout(self.opts.heartbeat_interval, self.renew(&leases)).await {
+                Ok(Ok(())) => last_ok = Instant::now(),
+                failed => {
+                    let last = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timed out".into(),
+                    };
+                    self.metrics.renewal_failures.inc();
+                    tracing::warn!(error = %last, "heartbeat renewal failed");
+                    if last_ok.elapsed() > self.lease_duration() {
+                        return Err(Error::HeartbeatLost {
+                            ns: self.opts.namespace.clone(),
+                            name: self.opts.name.clone(),
+                            secs: self.lease_duration().as_secs(),
+                            last,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Creates or updates the ByoHost: labels, inventory, `Registered=True`.
+    async fn register(&self) -> Result<(), Error> {
+        let err = |source| Error::Register {
+            ns: self.opts.namespace.clone(),
+            name: self.opts.name.clone(),
+            source,
+        };
+        let body = ssa::body::<ByoHost>(&self.opts.name, Some(&self.opts.namespace), json!({"spec": {}}));
+        let mut body = body;
+        body["metadata"]["labels"] = json!(self.opts.labels);
+        let host = ssa::apply(&self.api, MANAGER, &self.opts.name, &body)
+            .await
+            .map_err(err)?;
+        let hostname = crate::inventory::kernel_hostname().unwrap_or_else(|| self.opts.name.clone());
+        let (info, network) = crate::inventory::collect(self.opts.executor.root.dir(), &hostname);
+        let inv = ssa::body::<ByoHost>(
+            &self.opts.name,
+            Some(&self.opts.namespace),
+            json!({"status": {
+                "hostInfo": info,
+                "network": network,
+                "agentVersion": env!("CARGO_PKG_VERSION"),
+            }}),
+        );
+        ssa::apply_status(&self.api, INVENTORY_MANAGER, &self.opts.name, &inv)
+            .await
+            .map_err(err)?;
+        self.report(
+            &host,
+            types::REGISTERED,
+            true,
+            "Registered",
+            "the agent registered the host with its inventory",
+        )
+        .await
+        .map_err(err)?;
+        Ok(())
+    }
+
+    /// Writes one condition for the host's current generation (keeping its transition time when
+    /// the status did not change).
+    async fn report(
+        &self,
+        host: &ByoHost,
+        type_: &str,
+        ok: bool,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), kube::Error> {
+        let mut conds = host
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        conditions::set(
+            &mut conds,
+            type_,
+            conditions::Status::from_bool(ok),
+            reason,
+            message,
+            host.metadata.generation,
+            conditions::now(),
+        );
+        let cond = conditions::get(&conds, type_).cloned();
+        let body = ssa::body::<ByoHost>(
+            &self.opts.name,
+            Some(&self.opts.namespace),
+            json!({"status": {"conditions": [cond]}}),
+        );
+        ssa::apply_status(&self.api, &format!("{MANAGER}/{type_}"), &self.opts.name, &body).await?;
+        Ok(())
+    }
+
+    async fn event(&self, host: &ByoHost, warning: bool, reason: &str, action: &str, note: &str) {
+        let note: String = note.chars().take(1000).collect();
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &host.object_ref(&())).await {
+            tracing::warn!(error = %e, reason, "could not publish Event");
+        }
+    }
+
+    /// Watches the agent's own ByoHost and hands every new version to the worker.
+    async fn watch(self: Arc<Self>, tx: watch::Sender<Option<ByoHost>>, _stop: watch::Receiver<bool>) {
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.opts.name));
+        let mut stream = watcher(self.api.clone(), cfg).boxed();
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(h) | watcher::Event::InitApply(h)) => {
+                    tx.send_replace(Some(h));
+                }
+                Ok(watcher::Event::Delete(_)) => {
+                    tracing::warn!("the ByoHost was deleted; registering again");
+                    if let Err(e) = self.register().await {
+                        tracing::warn!(error = %e, "registering again failed");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch of the ByoHost failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        }
+    }
+
+    /// Acts on the latest ByoHost: bootstrap, reset or nothing. One action at a time.
+    async fn work(self: Arc<Self>, mut rx: watch::Receiver<Option<ByoHost>>, stop: watch::Receiver<bool>) {
+        let mut stopping = stop.clone();
+        loop {
+            let host = rx.borrow_and_update().clone();
+            let retry = match host {
+                Some(h) => match self.act(&h, &stop).await {
+                    Ok(()) => false,
+                    Err(ActError::Interrupted) => return,
+                    Err(ActError::Retry(why)) => {
+                        tracing::warn!(error = %why, "will retry");
+                        true
+                    }
+                },
+                None => false,
+            };
+            let pause = if retry {
+                Duration::from_secs(5)
+            } else {
+                Duration::from_secs(3600)
+            };
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep(pause) => {}
+                _ = stopping.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    async fn act(&self, host: &ByoHost, stop: &watch::Receiver<bool>) -> Result<(), ActError> {
+        let generation = host.metadata.generation;
+        let answered = |type_: &str| {
+            host.status
+                .as_ref()
+                .and_then(|s| conditions::get(&s.conditions, type_))
+                .is_some_and(|c| c.observed_generation >= generation)
+        };
+        if let Some(release) = &host.spec.release {
+            if answered(types::CLEANUP_SUCCEEDED) {
+                return Ok(());
+            }
+            tracing::info!(machine_uid = %release.machine_uid, "release requested: resetting the host");
+            return match self.opts.executor.reset(stop).await {
+                Ok(summary) => {
+                    self.metrics.resets.with_label_values(&["succeeded"]).inc();
+                    let msg = format!("host reset: {summary}");
+                    self.report(host, types::CLEANUP_SUCCEEDED, true, "CleanupSucceeded", &msg)
+                        .await
+                        .map_err(retry)?;
+                    self.event(host, false, "CleanupSucceeded", "Reset", &msg).await;
+                    Ok(())
+                }
+                Err(Ok(why)) => {
+                    self.metrics.resets.with_label_values(&["failed"]).inc();
+                    tracing::warn!(error = %why, "reset failed");
+                    self.report(host, types::CLEANUP_SUCCEEDED, false, "CleanupFailed", &why)
+                        .await
+                        .map_err(retry)?;
+                    self.event(host, true, "CleanupFailed", "Reset", &why).await;
+                    Ok(())
+                }
+                Err(Err(ExecError::Interrupted)) => Err(ActError::Interrupted),
+                Err(Err(e)) => Err(ActError::Retry(e.to_string())),
+            };
+        }
+        let (Some(mref), Some(secret_ref)) = (&host.spec.machine_ref, &host.spec.bootstrap_secret) else {
+            return Ok(());
+        };
+        let state = &self.opts.executor.state;
+        if let Some(o) = state.journal(&mref.uid).map_err(retry)?.and_then(|j| j.outcome) {
+            if !answered(types::BOOTSTRAP_SUCCEEDED) {
+                self.report(
+                    host,
+                    types::BOOTSTRAP_SUCCEEDED,
+                    o.succeeded,
+                    &o.reason,
+                    &o.message,
+                )
+                .await
+                .map_err(retry)?;
+            }
+            return Ok(());
+        }
+        let ns = secret_ref
+            .namespace
+            .clone()
+            .unwrap_or_else(|| self.opts.namespace.clone());
+        let secret = match Api::<Secret>::namespaced(self.secrets.clone(), &ns)
+            .get(&secret_ref.name)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = format!("cannot read bootstrap Secret {ns}/{}: {e}", secret_ref.name);
+                self.report(
+                    host,
+                    types::BOOTSTRAP_SUCCEEDED,
+                    false,
+                    "BootstrapDataUnreadable",
+                    &msg,
+                )
+                .await
+                .map_err(retry)?;
+                return Err(ActError::Retry(msg));
+            }
+        };
+        let data = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("value"))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned());
+        let outcome = match data.map(|d| cloudinit::parse(&d)) {
+            None => self.refuse(
+                &mref.uid,
+                "InvalidBootstrapData",
+                format!("bootstrap Secret {ns}/{} has no `value` key", secret_ref.name),
+            )?,
+            Some(Err(e @ cloudinit::ParseError::Unsupported(_))) => {
+                self.refuse(&mref.uid, "UnsupportedDirective", e.to_string())?
+            }
+            Some(Err(e)) => self.refuse(&mref.uid, "InvalidBootstrapData", e.to_string())?,
+            Some(Ok(steps)) => {
+                tracing::info!(machine = %mref.name, machine_uid = %mref.uid, steps = steps.len(), "running bootstrap");
+                match self.opts.executor.bootstrap(&mref.uid, &steps, stop).await {
+                    Ok(o) => o,
+                    Err(ExecError::Interrupted) => return Err(ActError::Interrupted),
+                    Err(e) => return Err(ActError::Retry(e.to_string())),
+                }
+            }
+        };
+        let result = if outcome.succeeded { "succeeded" } else { "failed" };
+        self.metrics.bootstraps.with_label_values(&[result]).inc();
+        tracing::info!(machine_uid = %mref.uid, result, message = %outcome.message, "bootstrap finished");
+        self.report(
+            host,
+            types::BOOTSTRAP_SUCCEEDED,
+            outcome.succeeded,
+            &outcome.reason,
+            &outcome.message,
+        )
+        .await
+        .map_err(retry)?;
+        self.event(
+            host,
+            !outcome.succeeded,
+            &outcome.reason,
+            "Bootstrap",
+            &outcome.message,
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Records refused bootstrap data as a finished, failed bootstrap.
+    fn refuse(&self, uid: &str, reason: &str, message: String) -> Result<Outcome, ActError> {
+        let outcome = Outcome {
+            succeeded: false,
+            reason: reason.into(),
+            message,
+        };
+        let j = crate::state::Journal {
+            machine_uid: uid.into(),
+            outcome: Some(outcome.clone()),
+            ..Default::default()
+        };
+        self.opts.executor.state.save(&j).map_err(retry)?;
+        Ok(outcome)
+    }
+}
+
+enum ActError {
+    Interrupted,
+    Retry(String),
+}
+
+fn retry(e: impl std::fmt::Display) -> ActError {
+    ActError::Retry(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_host_name;
+
+    #[test]
+    fn host_names() {
+        assert!(check_host_name("node-1.rack2").is_ok());
+        for bad in ["", "Node1", "-a", "a-", "a..b", "a_b", &"x".repeat(254)] {
+            assert!(check_host_name(bad).is_err(), "{bad}");
+        }
+    }
+}

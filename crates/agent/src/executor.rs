@@ -1,0 +1,485 @@
+//! Runs a parsed bootstrap on the host and undoes it on release.
+//!
+//! Steps run in order under the [`Root`]; the [`Journal`] is saved after each completed step, so
+//! an interrupted bootstrap resumes where it stopped. Commands run with the root as working
+//! directory, `BYOH_ROOT` set to it and `PATH` starting with `<root>/usr/local/bin:<root>/usr/bin`;
+//! their stdout and stderr go to one log file in the state directory whose tail ends up in the
+//! condition message. A command that outlives its timeout is killed with its process group.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::cloudinit::{Command, Step, WriteFile};
+use crate::root::Root;
+use crate::state::{Journal, Outcome, StateDir, StateError};
+
+/// Bytes of a command's output kept for messages.
+pub const TAIL_BYTES: usize = 4096;
+/// Lines of a command's output kept for messages.
+pub const TAIL_LINES: usize = 20;
+
+/// Where and how steps run.
+#[derive(Debug, Clone)]
+pub struct Executor {
+    /// Confines every path.
+    pub root: Root,
+    /// Journals and logs.
+    pub state: StateDir,
+    /// Longest a command may run.
+    pub command_timeout: Duration,
+}
+
+/// A bootstrap or reset that could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The agent is shutting down; progress so far is kept.
+    #[error("interrupted by shutdown")]
+    Interrupted,
+    /// The journal could not be kept.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// Outcome of one command.
+struct Ran {
+    ok: bool,
+    summary: String,
+    tail: String,
+}
+
+impl Executor {
+    /// Runs the steps of `uid`'s bootstrap from where its journal stopped. Returns the outcome
+    /// (also saved in the journal); [`ExecError::Interrupted`] when `stop` fired mid-way.
+    pub async fn bootstrap(
+        &self,
+        uid: &str,
+        steps: &[Step],
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Outcome, ExecError> {
+        let mut j = self.state.journal(uid)?.unwrap_or_else(|| Journal {
+            machine_uid: uid.into(),
+            ..Default::default()
+        });
+        if let Some(o) = &j.outcome {
+            return Ok(o.clone());
+        }
+        if j.steps_done > 0 {
+            tracing::info!(
+                machine_uid = uid,
+                done = j.steps_done,
+                total = steps.len(),
+                "resuming bootstrap"
+            );
+        }
+        let mut last_tail = String::new();
+        while j.steps_done < steps.len() {
+            if *stop.borrow() {
+                return Err(ExecError::Interrupted);
+            }
+            let i = j.steps_done;
+            let step = &steps[i];
+            tracing::info!(machine_uid = uid, step = i, what = %step.describe(), "bootstrap step");
+            let failure = match step {
+                Step::WriteFile(f) => self.write_file(f, &mut j).err(),
+                Step::Run(c) => {
+                    let ran = self.run(c, &self.state.log_path(uid, i), stop).await?;
+                    last_tail = ran.tail.clone();
+                    (!ran.ok).then(|| {
+                        if ran.tail.is_empty() {
+                            ran.summary
+                        } else {
+                            format!("{}; output:\n{}", ran.summary, ran.tail)
+                        }
+                    })
+                }
+            };
+            if let Some(why) = failure {
+                let outcome = Outcome {
+                    succeeded: false,
+                    reason: "BootstrapFailed".into(),
+                    message: format!(
+                        "step {} of {} ({}) failed: {why}",
+                        i + 1,
+                        steps.len(),
+                        step.describe()
+                    ),
+                };
+                j.outcome = Some(outcome.clone());
+                self.state.save(&j)?;
+                return Ok(outcome);
+            }
+            j.steps_done += 1;
+            j.done.push(step.describe());
+            self.state.save(&j)?;
+        }
+        let mut message = format!("{} steps completed", steps.len());
+        if !last_tail.is_empty() {
+            message.push_str("; output of the last command:\n");
+            message.push_str(&last_tail);
+        }
+        let outcome = Outcome {
+            succeeded: true,
+            reason: "BootstrapSucceeded".into(),
+            message,
+        };
+        j.outcome = Some(outcome.clone());
+        self.state.save(&j)?;
+        Ok(outcome)
+    }
+
+    /// Writes one file, recording it (and the directories it creates) before touching the disk.
+    fn write_file(&self, f: &WriteFile, j: &mut Journal) -> Result<(), String> {
+        let path = self.root.resolve(&f.path).map_err(|e| e.to_string())?;
+        let (uid, gid) = match &f.owner {
+            Some(o) => {
+                let (u, g) = resolve_owner(self.root.dir(), o)?;
+                (Some(u), Some(g))
+            }
+            None => (None, None),
+        };
+        // Directories that do not exist yet, outermost first.
+        let mut missing = Vec::new();
+        let mut p = path.parent();
+        while let Some(d) = p {
+            if d.exists() || !d.starts_with(self.root.dir()) {
+                break;
+            }
+            missing.push(d.to_path_buf());
+            p = d.parent();
+        }
+        missing.reverse();
+        for d in &missing {
+            if !j.dirs.contains(d) {
+                j.dirs.push(d.clone());
+            }
+        }
+        if !j.files.contains(&path) {
+            j.files.push(path.clone());
+        }
+        self.state.save(j).map_err(|e| e.to_string())?;
+        for d in &missing {
+            std::fs::create_dir(d)
+                .or_else(|e| if d.is_dir() { Ok(()) } else { Err(e) })
+                .map_err(|e| format!("create directory {}: {e}", d.display()))?;
+        }
+        // Re-check after creating directories: nothing may have turned into an escape.
+        let path = self.root.resolve(&f.path).map_err(|e| e.to_string())?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(f.append)
+            .truncate(!f.append)
+            .mode(f.mode)
+            .open(&path)
+            .map_err(|e| format!("open {}: {e}", path.display()))?;
+        file.write_all(&f.content)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| format!("write {}: {e}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(f.mode))
+            .map_err(|e| format!("set mode of {}: {e}", path.display()))?;
+        if uid.is_some() {
+            std::os::unix::fs::chown(&path, uid, gid).map_err(|e| {
+                format!(
+                    "set owner {} of {}: {e}",
+                    f.owner.as_deref().unwrap_or_default(),
+                    path.display()
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The environment and working directory every command gets.
+    fn prepare(&self, cmd: &mut tokio::process::Command) {
+        let root = self.root.dir();
+        let inherited = std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+        let path = if self.root.is_host_root() {
+            inherited
+        } else {
+            format!(
+                "{}:{}:{inherited}",
+                root.join("usr/local/bin").display(),
+                root.join("usr/bin").display()
+            )
+        };
+        cmd.current_dir(root)
+            .env("BYOH_ROOT", root)
+            .env("PATH", path)
+            .stdin(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+    }
+
+    async fn run(&self, c: &Command, log: &Path, stop: &watch::Receiver<bool>) -> Result<Ran, ExecError> {
+        let mut cmd = match c {
+            Command::Shell(s) => {
+                let mut cmd = tokio::process::Command::new("sh");
+                cmd.arg("-c").arg(s);
+                cmd
+            }
+            Command::Argv(argv) => {
+                let mut cmd = tokio::process::Command::new(&argv[0]);
+                cmd.args(&argv[1..]);
+                cmd
+            }
+        };
+        self.prepare(&mut cmd);
+        run_logged(cmd, log, self.command_timeout, stop).await
+    }
+
+    /// Finds `kubeadm` where the bootstrap's commands would: `<root>/usr/local/bin`,
+    /// `<root>/usr/bin`, and on the host root also the rest of `PATH`.
+    pub fn kubeadm(&self) -> Option<PathBuf> {
+        let root = self.root.dir();
+        let mut dirs = vec![
+            root.join("usr/local/bin"),
+            root.join("usr/bin"),
+            root.join("usr/sbin"),
+        ];
+        if self.root.is_host_root() {
+            dirs.extend(std::env::split_paths(
+                &std::env::var_os("PATH").unwrap_or_default(),
+            ));
+        }
+        dirs.into_iter().map(|d| d.join("kubeadm")).find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    }
+
+    /// Undoes every bootstrap in the journals: `kubeadm reset -f` when kubeadm exists, then every
+    /// file and created directory removed, then the journals cleared. `Err` carries the message
+    /// for `CleanupSucceeded=False`; nothing is forgotten before the reset succeeded.
+    pub async fn reset(&self, stop: &watch::Receiver<bool>) -> Result<String, Result<String, ExecError>> {
+        let mut notes = Vec::new();
+        if let Some(kubeadm) = self.kubeadm() {
+            let mut cmd = tokio::process::Command::new(&kubeadm);
+            cmd.args(["reset", "-f"]);
+            self.prepare(&mut cmd);
+            let ran = run_logged(
+                cmd,
+                &self.state.dir().join("logs/reset.log"),
+                self.command_timeout,
+                stop,
+            )
+            .await
+            .map_err(Err)?;
+            if !ran.ok {
+                return Err(Ok(format!(
+                    "kubeadm reset -f: {}; output:\n{}",
+                    ran.summary, ran.tail
+                )));
+            }
+            notes.push("kubeadm reset -f".to_string());
+        }
+        let journals = self.state.journals().map_err(|e| Err(e.into()))?;
+        let mut removed = 0;
+        let mut errors = Vec::new();
+        for j in &journals {
+            for f in &j.files {
+                match std::fs::remove_file(f) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => errors.push(format!("remove {}: {e}", f.display())),
+                }
+            }
+            for d in j.dirs.iter().rev() {
+                // Only directories the bootstrap created, and only when nothing else lives there.
+                match std::fs::remove_dir(d) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound && d.exists() => {
+                        tracing::info!(dir = %d.display(), error = %e, "keeping directory the bootstrap created: not empty");
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !errors.is_empty() {
+            return Err(Ok(errors.join("; ")));
+        }
+        for j in &journals {
+            self.state.remove(&j.machine_uid).map_err(|e| Err(e.into()))?;
+        }
+        notes.push(format!("{removed} files removed"));
+        Ok(notes.join(", "))
+    }
+}
+
+/// Runs `cmd` with stdout and stderr in `log`, under `timeout`, abandoning it when `stop` fires.
+async fn run_logged(
+    mut cmd: tokio::process::Command,
+    log: &Path,
+    timeout: Duration,
+    stop: &watch::Receiver<bool>,
+) -> Result<Ran, ExecError> {
+    let out = std::fs::File::create(log).map_err(|e| StateError::from_io("create", log, e))?;
+    let err = out.try_clone().map_err(|e| StateError::from_io("open", log, e))?;
+    cmd.stdout(out).stderr(err);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return Ok(Ran {
+                ok: false,
+                summary: format!("could not start: {e}"),
+                tail: String::new(),
+            });
+        }
+    };
+    let pid = child.id();
+    let mut stop = stop.clone();
+    let stopped = tokio::select! {
+        s = tokio::time::timeout(timeout, child.wait()) => Some(s),
+        _ = stop.wait_for(|s| *s) => None,
+    };
+    let Some(status) = stopped else {
+        kill_group(pid).await;
+        return Err(ExecError::Interrupted);
+    };
+    let (ok, summary) = match status {
+        Ok(Ok(s)) if s.success() => (true, "exited 0".to_string()),
+        Ok(Ok(s)) => (
+            false,
+            match s.code() {
+                Some(c) => format!("exited with status {c}"),
+                None => format!("killed by {s}"),
+            },
+        ),
+        Ok(Err(e)) => (false, format!("could not be waited for: {e}")),
+        Err(_) => {
+            kill_group(pid).await;
+            let _ = child.wait().await;
+            (
+                false,
+                format!("timed out after {}s and was killed", timeout.as_secs()),
+            )
+        }
+    };
+    Ok(Ran {
+        ok,
+        summary,
+        tail: tail_of(log),
+    })
+}
+
+/// Kills a command's whole process group (it was started as its own group leader).
+async fn kill_group(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        let _ = tokio::process::Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{pid}")])
+            .status()
+            .await;
+    }
+}
+
+/// The last [`TAIL_LINES`] lines (at most [`TAIL_BYTES`]) of a log file.
+pub fn tail_of(path: &Path) -> String {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(TAIL_BYTES as u64);
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(start)).is_err() || f.read_to_end(&mut buf).is_err() {
+        return String::new();
+    }
+    tail_text(&String::from_utf8_lossy(&buf), start > 0)
+}
+
+fn tail_text(text: &str, cut: bool) -> String {
+    let lines: Vec<&str> = text.trim_end().lines().collect();
+    let skip = lines.len().saturating_sub(TAIL_LINES);
+    // A line cut by the byte limit is dropped when whole lines remain.
+    let skip = if cut && skip == 0 && lines.len() > 1 {
+        1
+    } else {
+        skip
+    };
+    lines[skip..].join("\n")
+}
+
+/// Resolves `user[:group]` against `<root>/etc/passwd` and `<root>/etc/group`; numeric ids pass.
+pub fn resolve_owner(root: &Path, owner: &str) -> Result<(u32, u32), String> {
+    let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap_or_default();
+    let group = std::fs::read_to_string(root.join("etc/group")).unwrap_or_default();
+    let find = |table: &str, name: &str| -> Option<(u32, u32)> {
+        table.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() >= 3 && f[0] == name).then(|| {
+                let id = f[2].parse().ok()?;
+                let gid = f.get(3).and_then(|g| g.parse().ok()).unwrap_or(id);
+                Some((id, gid))
+            })?
+        })
+    };
+    let (user, grp) = match owner.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (owner, None),
+    };
+    let (uid, primary) = match user.parse::<u32>() {
+        Ok(n) => (n, find(&passwd, user).map(|(_, g)| g).unwrap_or(n)),
+        Err(_) => find(&passwd, user).ok_or_else(|| {
+            format!(
+                "owner {owner:?}: no user {user:?} in {}",
+                root.join("etc/passwd").display()
+            )
+        })?,
+    };
+    let gid = match grp {
+        None => primary,
+        Some(g) => match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => find(&group, g).map(|(id, _)| id).ok_or_else(|| {
+                format!(
+                    "owner {owner:?}: no group {g:?} in {}",
+                    root.join("etc/group").display()
+                )
+            })?,
+        },
+    };
+    Ok((uid, gid))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_lines() {
+        let text: String = (0..50).map(|i| format!("line {i}\n")).collect();
+        let t = tail_text(&text, false);
+        assert_eq!(t.lines().count(), TAIL_LINES);
+        assert!(t.ends_with("line 49"));
+        assert_eq!(tail_text("abc\ndef", true), "def");
+    }
+
+    #[test]
+    fn owners_resolve_against_the_root() {
+        let tmp = std::env::temp_dir().join(format!("byoh-owner-{}", std::process::id()));
+        std::fs::create_dir_all(tmp.join("etc")).unwrap();
+        std::fs::write(
+            tmp.join("etc/passwd"),
+            "root:x:0:0::/root:/bin/sh\nkube:x:1001:1002::/:/bin/false\n",
+        )
+        .unwrap();
+        std::fs::write(tmp.join("etc/group"), "root:x:0:\nadm:x:4:\nkube:x:1002:\n").unwrap();
+        assert_eq!(resolve_owner(&tmp, "kube").unwrap(), (1001, 1002));
+        assert_eq!(resolve_owner(&tmp, "kube:adm").unwrap(), (1001, 4));
+        assert_eq!(resolve_owner(&tmp, "1500:1600").unwrap(), (1500, 1600));
+        assert_eq!(resolve_owner(&tmp, "0").unwrap(), (0, 0));
+        assert!(
+            resolve_owner(&tmp, "nobody")
+                .unwrap_err()
+                .contains("no user \"nobody\"")
+        );
+        assert!(
+            resolve_owner(&tmp, "kube:nogroup")
+                .unwrap_err()
+                .contains("no group")
+        );
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+}

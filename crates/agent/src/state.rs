@@ -1,0 +1,216 @@
+//! The agent's state directory (`--state-dir`, default `/var/lib/byoh-agent`).
+//!
+//! One journal per machine uid (`bootstrap/<uid>.json`) records how many steps of that machine's
+//! bootstrap are done, the files and directories it created, and the result once finished. A
+//! restarted agent resumes after the last completed step and never runs a finished bootstrap
+//! again; a reset removes what the journal lists. A step interrupted half way runs again on
+//! resume, so every step is recorded as done only after it completed. Every write is atomic
+//! (temporary file, fsync, rename, fsync of the directory).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// A state-directory failure.
+#[derive(Debug, thiserror::Error)]
+#[error("state directory: {what} {path:?}: {source}")]
+pub struct StateError {
+    what: &'static str,
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+impl StateError {
+    /// An I/O failure on `path` while doing `what`.
+    pub fn from_io(what: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StateError {
+    let path = path.to_path_buf();
+    move |source| StateError { what, path, source }
+}
+
+/// How a finished bootstrap ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Outcome {
+    /// Whether every step succeeded.
+    pub succeeded: bool,
+    /// Condition reason.
+    pub reason: String,
+    /// Condition message (with the output tail of a failed command).
+    pub message: String,
+}
+
+/// Progress of one machine's bootstrap.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Journal {
+    /// UID of the ByoMachine the bootstrap belongs to.
+    pub machine_uid: String,
+    /// Number of steps completed, in order.
+    pub steps_done: usize,
+    /// Description of each completed step.
+    pub done: Vec<String>,
+    /// Real paths of files the bootstrap wrote (recorded before each write).
+    pub files: Vec<PathBuf>,
+    /// Directories the bootstrap created, outermost first.
+    pub dirs: Vec<PathBuf>,
+    /// Set once the bootstrap finished.
+    pub outcome: Option<Outcome>,
+}
+
+/// The state directory.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    dir: PathBuf,
+}
+
+impl StateDir {
+    /// Opens (creating, mode 0700) the state directory.
+    pub fn open(dir: &Path) -> Result<Self, StateError> {
+        for d in [dir.to_path_buf(), dir.join("bootstrap"), dir.join("logs")] {
+            std::fs::create_dir_all(&d).map_err(io("create", &d))?;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io("restrict", dir))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where the output of a step of a machine's bootstrap is kept.
+    pub fn log_path(&self, uid: &str, step: usize) -> PathBuf {
+        self.dir.join("logs").join(format!("{}-{step}.log", safe(uid)))
+    }
+
+    fn journal_path(&self, uid: &str) -> PathBuf {
+        self.dir.join("bootstrap").join(format!("{}.json", safe(uid)))
+    }
+
+    /// The journal of a machine's bootstrap, if one was started.
+    pub fn journal(&self, uid: &str) -> Result<Option<Journal>, StateError> {
+        let path = self.journal_path(uid);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| io("parse", &path)(std::io::Error::other(e))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("read", &path)(e)),
+        }
+    }
+
+    /// Every journal kept (for a reset that must undo all bootstraps).
+    pub fn journals(&self) -> Result<Vec<Journal>, StateError> {
+        let dir = self.dir.join("bootstrap");
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(io("list", &dir))? {
+            let entry = entry.map_err(io("list", &dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(uid) = name.strip_suffix(".json")
+                && let Some(j) = self.journal(uid)?
+            {
+                out.push(j);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Saves a journal atomically.
+    pub fn save(&self, j: &Journal) -> Result<(), StateError> {
+        let bytes =
+            serde_json::to_vec_pretty(j).map_err(|e| io("encode", &self.dir)(std::io::Error::other(e)))?;
+        write_atomic(&self.journal_path(&j.machine_uid), &bytes)
+    }
+
+    /// Forgets a machine's bootstrap (after its reset) and its logs.
+    pub fn remove(&self, uid: &str) -> Result<(), StateError> {
+        let path = self.journal_path(uid);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("remove", &path)(e)),
+            _ => {}
+        }
+        let logs = self.dir.join("logs");
+        let prefix = format!("{}-", safe(uid));
+        if let Ok(entries) = std::fs::read_dir(&logs) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        sync_dir(&self.dir.join("bootstrap"))
+    }
+}
+
+/// A uid as a file name (uids are `[0-9a-f-]`; anything else is replaced).
+fn safe(uid: &str) -> String {
+    uid.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync of the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+        f.write_all(bytes).map_err(io("write", &tmp))?;
+        f.sync_all().map_err(io("sync", &tmp))?;
+    }
+    std::fs::rename(&tmp, path).map_err(io("rename into", path))?;
+    match path.parent() {
+        Some(dir) => sync_dir(dir),
+        None => Ok(()),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StateError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("sync", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn journal_round_trip() {
+        let tmp = std::env::temp_dir().join(format!("byoh-state-{}", std::process::id()));
+        let s = StateDir::open(&tmp).unwrap();
+        assert_eq!(s.journal("u1").unwrap(), None);
+        let j = Journal {
+            machine_uid: "u1".into(),
+            steps_done: 2,
+            files: vec!["/a".into()],
+            ..Default::default()
+        };
+        s.save(&j).unwrap();
+        assert_eq!(s.journal("u1").unwrap(), Some(j.clone()));
+        assert_eq!(s.journals().unwrap(), vec![j]);
+        s.remove("u1").unwrap();
+        assert_eq!(s.journal("u1").unwrap(), None);
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+}
