@@ -10,6 +10,7 @@ use std::time::Duration;
 use bootsman_api::identity;
 use bootsman_testenv::TestEnv;
 use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestSpec};
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 
@@ -149,6 +150,25 @@ pub async fn decision(env: &TestEnv, name: &str) -> Result<(), String> {
         },
     )
     .await
+}
+
+/// Waits until the token Secret `name` is gone (spent tokens are deleted after the approval).
+pub async fn wait_token_deleted(env: &TestEnv, name: &str) {
+    let secrets = Api::<Secret>::namespaced(env.client().await, identity::TOKEN_NAMESPACE);
+    bootsman_testenv::wait_for(
+        &format!("the spent token Secret {name} to be deleted"),
+        Duration::from_secs(30),
+        || {
+            let secrets = secrets.clone();
+            async move {
+                match secrets.get_opt(name).await {
+                    Ok(None) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
 }
 
 /// A host's user name.

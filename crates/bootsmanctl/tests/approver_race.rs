@@ -1,0 +1,58 @@
+//! One token enrols one host, even when several hosts race to use it and two approvers (two
+//! provider replicas, say during a leader hand-over) decide at the same time.
+
+mod common;
+
+use bootsman_api::identity;
+use bootsman_testenv::TestEnv;
+
+#[tokio::test]
+async fn one_token_enrols_one_host_even_with_two_approvers() {
+    let env = TestEnv::shared().await;
+    common::apply_host_rbac(env);
+    let pool = env.create_namespace("race").await;
+    let (token, kubeconfig) = common::bootstrap_kubeconfig(env, &pool, None).await;
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).expect("bootstrap kubeconfig"),
+        &Default::default(),
+    )
+    .await
+    .expect("bootstrap config");
+    let client = kube::Client::try_from(config).expect("client");
+
+    // Every request is submitted before any approver runs, so they all compete for the token.
+    let mut names = Vec::new();
+    for i in 0..6 {
+        let host = format!("racer-{i}");
+        let pem = common::csr_pem(&identity::host_user(&host), &[identity::HOSTS_GROUP]);
+        names.push(
+            common::submit(
+                &client,
+                pem,
+                "kubernetes.io/kube-apiserver-client",
+                &["client auth"],
+            )
+            .await,
+        );
+    }
+    common::start_approver(env).await;
+    common::start_approver(env).await;
+
+    let mut approved = Vec::new();
+    let mut denied = Vec::new();
+    for name in &names {
+        match common::decision(env, name).await {
+            Ok(()) => approved.push(name.clone()),
+            Err(reason) => denied.push((name.clone(), reason)),
+        }
+    }
+    assert_eq!(approved.len(), 1, "approved {approved:?}, denied {denied:?}");
+    for (name, reason) in &denied {
+        assert!(
+            reason == "TokenSpent" || reason == "TokenNotFound",
+            "CSR {name} denied for {reason}, not because the token was spent"
+        );
+    }
+    // The spent token is gone.
+    common::wait_token_deleted(env, &token.secret_name()).await;
+}
