@@ -38,12 +38,20 @@ export BOOTSMAN_TESTBIN
 echo "    using $BOOTSMAN_TESTBIN"
 done_step
 
+step "packaging tools (hack/tools: cargo-deb, cargo-generate-rpm, rpm; cached afterwards)"
+hack/tools >/dev/null
+done_step
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 done_step
 
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+done_step
+
+step "host agent packages (hack/package: release build, .deb and .rpm under target/package)"
+hack/package
 done_step
 
 step "cargo test (unit and integration tests)"
