@@ -2,7 +2,7 @@
 //! A (user `byoh:host:a`, group `byoh:hosts`) writes its own ByoHost, status and Lease, and nothing
 //! of host B's; it never sets or changes the spec fields the provider and admins own; and it reads
 //! no Secret at all, B's bootstrap Secret included (which B itself may read through the provider's
-//! per-host Role).
+//! per-host Role). All of it only in the pool the host was enrolled into.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
@@ -78,6 +78,32 @@ fn allowed<T>(what: &str, r: Result<T, kube::Error>) -> T {
     r.unwrap_or_else(|e| panic!("{what}: expected it to be allowed, got {e}"))
 }
 
+/// What the CSR approver grants host `name` when it enrols into pool `ns`: ClusterRole
+/// `bootsman:host` through a RoleBinding in that namespace only.
+async fn enrolled_in(admin: &kube::Client, ns: &str, name: &str) {
+    let user = format!("byoh:host:{name}");
+    Api::<RoleBinding>::namespaced(admin.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: meta(&user, ns),
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "ClusterRole".into(),
+                    name: "bootsman:host".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "User".into(),
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    name: user.clone(),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await
+        .unwrap();
+}
+
 /// The provider's hand-over for host `name`: its bootstrap Secret, readable by it alone.
 async fn bootstrap_secret_for(admin: &kube::Client, ns: &str, name: &str) {
     let secret = format!("{name}-bootstrap");
@@ -145,6 +171,9 @@ async fn a_host_writes_only_its_own_objects_and_reads_no_secret() {
     let a_hosts = Api::<ByoHost>::namespaced(a.clone(), &ns);
     let a_leases = Api::<Lease>::namespaced(a.clone(), &ns);
     let pp = PostParams::default();
+    for h in ["a", "b", "c"] {
+        enrolled_in(&admin, &ns, h).await;
+    }
 
     // Policies take effect a moment after they are created: wait until A is refused B's name.
     wait_for(
@@ -155,7 +184,8 @@ async fn a_host_writes_only_its_own_objects_and_reads_no_secret() {
             let ns = ns.clone();
             async move {
                 match a_hosts.create(&PostParams::default(), &host("b", &ns)).await {
-                    Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => Ok(()),
+                    // RBAC allows it (A is enrolled here), so a refusal is the policy's.
+                    Err(kube::Error::Api(s)) if s.message.contains("may write only its own") => Ok(()),
                     Ok(h) => {
                         let _ = Api::<ByoHost>::namespaced(env.client().await, &ns)
                             .delete(&h.name_any(), &Default::default())
@@ -226,6 +256,21 @@ async fn a_host_writes_only_its_own_objects_and_reads_no_secret() {
         "host a renews its Lease",
         a_leases
             .patch("a", &PatchParams::default(), &Patch::Merge(&renew))
+            .await,
+    );
+
+    // Refused: A's own name in a pool it was not enrolled into.
+    let elsewhere = env.create_namespace("authz-other").await;
+    refused(
+        "host a creates its ByoHost in another pool",
+        Api::<ByoHost>::namespaced(a.clone(), &elsewhere)
+            .create(&pp, &host("a", &elsewhere))
+            .await,
+    );
+    refused(
+        "host a lists the ByoHosts of another pool",
+        Api::<ByoHost>::namespaced(a.clone(), &elsewhere)
+            .list(&ListParams::default())
             .await,
     );
 

@@ -3,8 +3,8 @@
 //! A host authenticates as user `byoh:host:<name>` in group `byoh:hosts` (the CN and O of its
 //! client certificate). Before it has a certificate it authenticates with a Kubernetes bootstrap
 //! token issued by `bootsmanctl hosts token`: the token's Secret `kube-system/bootstrap-token-<id>`
-//! puts it in group `system:bootstrappers:byoh:<pool>` and records the pool (and, optionally, the one
-//! host name it may enrol) in labels the provider's CSR approver reads. The token is spent on first
+//! puts it in group `system:bootstrappers:byoh:<pool>` and records the pool in a label (and, optionally, the one
+//! host name it may enrol in an annotation) for the provider's CSR approver reads. The token is spent on first
 //! use: the approver marks it with [`TOKEN_SPENT_BY`] before approving and deletes it after.
 
 /// Group of every enrolled host (the O of its client certificate).
@@ -23,7 +23,7 @@ pub const TOKEN_SECRET_PREFIX: &str = "bootstrap-token-";
 pub const TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
 /// Label on a token Secret: the pool namespace the token enrols into.
 pub const TOKEN_POOL: &str = "bootsman.io/pool";
-/// Label on a token Secret: the only host name the token may enrol (absent: any name).
+/// Annotation on a token Secret (a host name may exceed a label value's 63 characters): the only host name the token may enrol (absent: any name).
 pub const TOKEN_HOST: &str = "bootsman.io/host";
 /// Label on a token Secret issued by `bootsmanctl hosts token` (value `byoh-host`).
 pub const TOKEN_PURPOSE: &str = "bootsman.io/token-purpose";

@@ -3,7 +3,7 @@
 //! A token is a Kubernetes bootstrap token (`kube-system/bootstrap-token-<id>`, type
 //! `bootstrap.kubernetes.io/token`) usable only for authentication. The API server authenticates
 //! its holder as `system:bootstrap:<id>` in group `system:bootstrappers:byoh:<pool>`, which may only
-//! create and read CertificateSigningRequests. Labels record the pool and, optionally, the single
+//! create and read CertificateSigningRequests. A label records the pool and an annotation, optionally, the single
 //! host name the token may enrol; the provider's CSR approver checks both and spends the token on
 //! its first approved CSR. The token expires after its TTL whether used or not (the
 //! kube-controller-manager's token cleaner deletes it).
@@ -155,16 +155,13 @@ fn random(n: usize) -> String {
 
 /// The Secret that makes `token` a bootstrap token for its pool.
 pub fn secret_for(token: &Token) -> Secret {
-    let mut labels = BTreeMap::from([
+    let labels = BTreeMap::from([
         (
             identity::TOKEN_PURPOSE.to_string(),
             identity::TOKEN_PURPOSE_HOST.to_string(),
         ),
         (identity::TOKEN_POOL.to_string(), token.pool.clone()),
     ]);
-    if let Some(host) = &token.host {
-        labels.insert(identity::TOKEN_HOST.to_string(), host.clone());
-    }
     let description = match &token.host {
         Some(h) => format!("bootsman: enrols host {h} into pool {}", token.pool),
         None => format!("bootsman: enrols one host into pool {}", token.pool),
@@ -185,6 +182,11 @@ pub fn secret_for(token: &Token) -> Secret {
             name: Some(token.secret_name()),
             namespace: Some(identity::TOKEN_NAMESPACE.to_string()),
             labels: Some(labels),
+            // An annotation: a host name may be longer than a label value.
+            annotations: token
+                .host
+                .as_ref()
+                .map(|h| BTreeMap::from([(identity::TOKEN_HOST.to_string(), h.clone())])),
             ..ObjectMeta::default()
         },
         type_: Some(identity::TOKEN_SECRET_TYPE.to_string()),
@@ -325,8 +327,12 @@ mod tests {
             s.metadata.name.as_deref(),
             Some(format!("bootstrap-token-{}", t.id).as_str())
         );
+        let annotations = s.metadata.annotations.unwrap_or_default();
+        assert_eq!(
+            annotations.get(identity::TOKEN_HOST).map(String::as_str),
+            Some("h")
+        );
         let labels = s.metadata.labels.unwrap_or_default();
-        assert_eq!(labels.get(identity::TOKEN_HOST).map(String::as_str), Some("h"));
         assert_eq!(labels.get(identity::TOKEN_POOL).map(String::as_str), Some("p"));
     }
 }

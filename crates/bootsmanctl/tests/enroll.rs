@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use bootsman_api::identity;
+use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
 use bootsman_testenv::{TestEnv, wait_for};
 use byoh_agent::enroll::{self, Error, Options};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -56,6 +57,24 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
     assert_eq!(mode(&opts.kubeconfig), 0o600);
     assert_eq!(mode(&opts.state_dir.join(enroll::KEY_FILE)), 0o600);
     assert_eq!(mode(&opts.state_dir), 0o700);
+
+    // The host may register in its pool, and only there.
+    let client =
+        kube::Client::try_from(enroll::ensure_identity(&opts).await.expect("identity")).expect("client");
+    let own = ByoHost::new("web-1", ByoHostSpec::default());
+    Api::<ByoHost>::namespaced(client.clone(), &pool)
+        .create(&PostParams::default(), &own)
+        .await
+        .expect("the host registers in its pool");
+    let elsewhere = env.create_namespace("enroll-other").await;
+    let refused = Api::<ByoHost>::namespaced(client, &elsewhere)
+        .create(&PostParams::default(), &own)
+        .await
+        .expect_err("the host may not register in another pool");
+    assert!(
+        matches!(refused, kube::Error::Api(ref s) if s.code == 403),
+        "{refused:?}"
+    );
 
     // The token is spent: its Secret is gone, so the token no longer even authenticates.
     let secrets = Api::<Secret>::namespaced(env.client().await, identity::TOKEN_NAMESPACE);
@@ -168,4 +187,17 @@ async fn forged_requests_are_denied_with_a_reason() {
     // And the token is still good for a correct request.
     let csr = common::submit(&token, good("d"), enroll::SIGNER, &client_auth).await;
     assert_eq!(common::decision(env, &csr).await, Ok(()));
+}
+
+#[tokio::test]
+async fn a_token_for_a_missing_pool_is_denied() {
+    let env = TestEnv::shared().await;
+    common::apply_host_rbac(env);
+    common::start_approver(env).await;
+    let (_, bootstrap) = common::bootstrap_kubeconfig(env, "no-such-pool", None).await;
+    let opts = options(env, "web-2", Some(bootstrap));
+    match enroll::ensure_identity(&opts).await {
+        Err(Error::Denied { reason, .. }) => assert_eq!(reason, "PoolNotFound"),
+        other => panic!("enrolled into a pool that does not exist: {other:?}"),
+    }
 }

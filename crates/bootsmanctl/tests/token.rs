@@ -76,8 +76,9 @@ async fn token_authenticates_as_pool_bootstrapper_and_may_submit_a_csr() {
     assert!((25 * 60..=30 * 60).contains(&left), "expires in {left}s");
     let labels = s.metadata.labels.clone().unwrap_or_default();
     assert_eq!(labels.get(identity::TOKEN_POOL), Some(&pool));
+    let annotations = s.metadata.annotations.clone().unwrap_or_default();
     assert_eq!(
-        labels.get(identity::TOKEN_HOST).map(String::as_str),
+        annotations.get(identity::TOKEN_HOST).map(String::as_str),
         Some("web-1")
     );
 

@@ -22,6 +22,10 @@
 //! token. After the approval the Secret is deleted. A crash between the steps is safe: the CSR that
 //! spent the token is approved on the next attempt, any other is denied.
 //!
+//! An enrolled host's rights live in its pool only: before approving, the approver binds the
+//! ClusterRole `bootsman:host` to user `byoh:host:<name>` with a RoleBinding in the pool namespace
+//! (see [`grant_pool_access`]). A token for a pool whose namespace does not exist is denied.
+//!
 //! Decisions are counted in `bootsman_provider_host_csrs_total{decision,reason}` and logged with
 //! the CSR's name, requester and reason.
 
@@ -50,6 +54,49 @@ pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client";
 pub const USAGE_CLIENT_AUTH: &str = "client auth";
 /// Reason of the approval condition.
 pub const APPROVED_REASON: &str = "BootsmanHostIdentity";
+/// ClusterRole (config/rbac/hosts.yaml) granted to an enrolled host in its pool's namespace only.
+pub const HOST_CLUSTER_ROLE: &str = "bootsman:host";
+/// Field manager of the pool RoleBindings the approver writes.
+pub const FIELD_MANAGER: &str = "bootsman-host-csr-approver";
+
+/// Name of the RoleBinding that gives host `host` its rights in its pool: `byoh:host:<host>`.
+pub fn pool_binding_name(host: &str) -> String {
+    identity::host_user(host)
+}
+
+/// Grants host `host` the ClusterRole [`HOST_CLUSTER_ROLE`] in namespace `pool`, and only there:
+/// a RoleBinding for user `byoh:host:<host>`, written with server-side apply (idempotent). The
+/// pool comes from the token the API server authenticated, so a host cannot pick it.
+pub async fn grant_pool_access(client: &kube::Client, pool: &str, host: &str) -> Result<(), kube::Error> {
+    let name = pool_binding_name(host);
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {
+            "name": name,
+            "namespace": pool,
+            "labels": {"app.kubernetes.io/part-of": "bootsman"},
+        },
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": HOST_CLUSTER_ROLE,
+        },
+        "subjects": [{
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "User",
+            "name": identity::host_user(host),
+        }],
+    });
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), pool)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&binding),
+        )
+        .await
+        .map(|_| ())
+}
 
 /// Why a CSR is denied: `reason` is the CSR condition's reason and the metric label, `message`
 /// says what was wrong, naming the field.
@@ -371,7 +418,7 @@ pub fn check_token(secret: Option<&Secret>, req: &Request, by: &str, now: Timest
             ),
         ));
     }
-    if let Some(allowed) = labels.get(identity::TOKEN_HOST)
+    if let Some(allowed) = secret.annotations().get(identity::TOKEN_HOST)
         && allowed != host
     {
         return Err(deny(
@@ -499,6 +546,20 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
             .await
             .map_err(kerr(format!("spend token Secret {secret_name} for CSR {name}")))?;
         tracing::info!(csr = %name, requester = %user, token = %secret_name, "spent bootstrap token");
+    }
+    // The host's rights in its pool, before it holds a certificate to use them with.
+    if let Request::Enroll { host, pool, .. } = &req {
+        match grant_pool_access(&ctx.client, pool, host).await {
+            Ok(()) => {}
+            Err(e) if is_not_found(&e) => {
+                let d = deny(
+                    "PoolNotFound",
+                    format!("the pool namespace {pool:?} of bootstrap token {token_id:?} does not exist"),
+                );
+                return decide(&csr, &ctx, Err(d)).await;
+            }
+            Err(e) => return Err(kerr(format!("grant host {host:?} access to pool {pool:?}"))(e)),
+        }
     }
     let action = decide(&csr, &ctx, Ok(&req)).await?;
     let dp = DeleteParams {
@@ -762,16 +823,13 @@ mod tests {
     }
 
     fn token(pool: &str, host: Option<&str>, expires: Timestamp) -> Secret {
-        let mut labels = BTreeMap::from([
+        let labels = BTreeMap::from([
             (
                 identity::TOKEN_PURPOSE.to_string(),
                 identity::TOKEN_PURPOSE_HOST.to_string(),
             ),
             (identity::TOKEN_POOL.to_string(), pool.to_string()),
         ]);
-        if let Some(h) = host {
-            labels.insert(identity::TOKEN_HOST.into(), h.into());
-        }
         let data = [
             ("token-id", "abc123".to_string()),
             ("token-secret", "0123456789abcdef".to_string()),
@@ -786,6 +844,8 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some("bootstrap-token-abc123".into()),
                 labels: Some(labels),
+                annotations: host
+                    .map(|h| BTreeMap::from([(identity::TOKEN_HOST.to_string(), h.to_string())])),
                 ..Default::default()
             },
             type_: Some(identity::TOKEN_SECRET_TYPE.into()),
