@@ -1,0 +1,383 @@
+//! The real `byoh-agent` binary against the real control plane: registration with inventory and
+//! labels, the heartbeat Lease, bootstrap data run under `--root`, resume after a kill, reset on
+//! release, and the errors of bad flags.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+use bootsman_api::condition::types;
+use common::{Pool, message, read, wait_condition};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+async fn renew_time(leases: &Api<Lease>, name: &str) -> Option<String> {
+    let l = leases.get_opt(name).await.ok()??;
+    l.spec?.renew_time.map(|t| t.0.to_string())
+}
+
+/// Hands `cloud_config` to the host as the provider would: a Secret the host may read, then
+/// spec.machineRef and spec.bootstrapSecret.
+async fn hand_over(pool: &Pool, host: &str, machine_uid: &str, cloud_config: &str) {
+    let secret = format!("{host}-bootstrap");
+    let s = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret.clone()),
+            namespace: Some(pool.ns.clone()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "value".to_string(),
+            ByteString(cloud_config.as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    };
+    let secrets = Api::<Secret>::namespaced(pool.admin.clone(), &pool.ns);
+    let _ = secrets.delete(&secret, &Default::default()).await;
+    secrets.create(&PostParams::default(), &s).await.unwrap();
+    common::grant(
+        &pool.admin,
+        &pool.ns,
+        &secret,
+        vec![
+            json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret], "verbs": ["get"]}),
+        ],
+        json!({"kind": "User", "name": format!("byoh:host:{host}")}),
+    )
+    .await;
+    pool.hosts()
+        .patch(
+            host,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "machineRef": {"namespace": pool.ns, "name": format!("m-{machine_uid}"), "uid": machine_uid},
+                "bootstrapSecret": {"name": secret, "namespace": pool.ns},
+            }})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn registers_with_inventory_heartbeats_and_syncs_labels() {
+    let pool = Pool::new("agent-reg").await;
+    let mut host = pool.host("node-a");
+    host.start(&["role=worker", "rack=r1"]);
+    let h = wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
+    let status = h.status.clone().unwrap();
+    let info = status.host_info.clone().expect("hostInfo");
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(info.hostname.as_deref(), Some(kernel.trim()));
+    assert_eq!(
+        info.machine_id.as_deref(),
+        Some("0123456789abcdef0123456789abcdef")
+    );
+    assert_eq!(info.os_image.as_deref(), Some("Testix 1.0 (agent test)"));
+    assert!(info.cpus.unwrap_or(0) >= 1, "cpus: {info:?}");
+    assert!(info.memory_bytes.unwrap_or(0) > 0, "memory: {info:?}");
+    assert!(info.kernel_version.as_deref().is_some_and(|k| !k.is_empty()));
+    assert!(info.architecture.is_some());
+    assert!(status.agent_version.is_some());
+    assert!(!status.network.is_empty(), "network: {:?}", status.network);
+    let registered = bootsman_runtime::conditions::get(&status.conditions, types::REGISTERED).unwrap();
+    assert_eq!(registered.observed_generation, h.metadata.generation);
+    let labels = h.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("role").map(String::as_str), Some("worker"));
+    assert_eq!(labels.get("rack").map(String::as_str), Some("r1"));
+
+    // The Lease renews: its renewTime advances.
+    let leases: Api<Lease> = Api::namespaced(pool.admin.clone(), &pool.ns);
+    let first = renew_time(&leases, "node-a")
+        .await
+        .expect("a Lease named after the host");
+    let lease = leases.get("node-a").await.unwrap().spec.unwrap();
+    assert_eq!(lease.holder_identity.as_deref(), Some("node-a"));
+    assert_eq!(lease.lease_duration_seconds, Some(4));
+    common::eventually("renewTime advances", || async {
+        renew_time(&leases, "node-a").await.filter(|t| *t != first)
+    })
+    .await;
+
+    // SIGTERM drains cleanly.
+    let exit = host.terminate();
+    assert!(exit.success(), "SIGTERM exit: {exit:?}\n{}", host.log());
+
+    // Restarted with a changed and a removed label; a label someone else set stays.
+    pool.hosts()
+        .patch(
+            "node-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "ops"}}})),
+        )
+        .await
+        .unwrap();
+    host.start(&["role=control-plane"]);
+    common::eventually("labels synced after restart", || async {
+        let h = pool.hosts().get("node-a").await.ok()?;
+        let l = h.metadata.labels.unwrap_or_default();
+        (l.get("role").map(String::as_str) == Some("control-plane") && !l.contains_key("rack")).then_some(l)
+    })
+    .await;
+    let l = pool
+        .hosts()
+        .get("node-a")
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(l.get("team").map(String::as_str), Some("ops"), "labels: {l:?}");
+
+    // SIGKILL: the Lease stops renewing; a restart brings it back.
+    common::eventually("renewing again", || async {
+        renew_time(&leases, "node-a").await.filter(|t| *t != first)
+    })
+    .await;
+    host.kill();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let frozen = renew_time(&leases, "node-a").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        renew_time(&leases, "node-a").await.unwrap(),
+        frozen,
+        "a killed agent renewed"
+    );
+    host.start(&["role=control-plane"]);
+    common::eventually("renewing after restart", || async {
+        renew_time(&leases, "node-a").await.filter(|t| *t != frozen)
+    })
+    .await;
+}
+
+const ALL_FILES: &str = r#"#cloud-config
+write_files:
+  - path: /etc/kubeadm/deep/nested/plain.conf
+    content: |
+      plain text
+    permissions: "0640"
+    owner: kube:kubeops
+  - path: /etc/b64.txt
+    encoding: b64
+    content: aGVsbG8gYjY0Cg==
+  - path: /etc/base64.txt
+    encoding: base64
+    content: aGVsbG8gYmFzZTY0Cg==
+    owner: "1234:3456"
+  - path: /etc/gz.txt
+    encoding: gz+b64
+    content: H4sIAAAAAAAAA8tIzcnJV0iv4gIAGJpUaQkAAAA=
+  - path: /etc/gzip.txt
+    encoding: gzip+base64
+    content: H4sIAAAAAAAAA8tIzcnJV0iv4gIAGJpUaQkAAAA=
+  - path: /etc/appended.txt
+    content: "one\n"
+  - path: /etc/appended.txt
+    content: "two\n"
+    append: true
+runcmd:
+  - echo "$BYOH_ROOT" > run/root.txt
+  - [ sh, -c, "pwd > run/cwd.txt; echo started >> run/count.txt" ]
+  - kubeadm init --config /etc/kubeadm/deep/nested/plain.conf
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bootstrap_writes_files_runs_commands_and_release_resets() {
+    let pool = Pool::new("agent-boot").await;
+    let mut host = pool.host("node-b");
+    std::fs::create_dir_all(host.path("run")).unwrap();
+    host.script(
+        "/usr/local/bin/kubeadm",
+        "echo \"$@\" >> \"$BYOH_ROOT/run/kubeadm.log\"",
+    );
+    host.start(&[]);
+    wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
+    hand_over(&pool, "node-b", "uid-b1", ALL_FILES).await;
+    let h = wait_condition(&pool.hosts(), &host, types::BOOTSTRAP_SUCCEEDED, "True").await;
+
+    assert_eq!(
+        read(&host.path("/etc/kubeadm/deep/nested/plain.conf")),
+        "plain text\n"
+    );
+    let meta = std::fs::metadata(host.path("/etc/kubeadm/deep/nested/plain.conf")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    assert_eq!((meta.uid(), meta.gid()), (1234, 3456));
+    let meta = std::fs::metadata(host.path("/etc/base64.txt")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (1234, 3456));
+    assert_eq!(read(&host.path("/etc/b64.txt")), "hello b64\n");
+    assert_eq!(read(&host.path("/etc/base64.txt")), "hello base64\n");
+    assert_eq!(read(&host.path("/etc/gz.txt")), "hello gz\n");
+    assert_eq!(read(&host.path("/etc/gzip.txt")), "hello gz\n");
+    assert_eq!(read(&host.path("/etc/appended.txt")), "one\ntwo\n");
+    let root = std::fs::canonicalize(&host.root).unwrap();
+    assert_eq!(read(&host.path("run/root.txt")).trim(), root.to_str().unwrap());
+    assert_eq!(read(&host.path("run/cwd.txt")).trim(), root.to_str().unwrap());
+    assert_eq!(
+        read(&host.path("run/kubeadm.log")),
+        "init --config /etc/kubeadm/deep/nested/plain.conf\n"
+    );
+    let cond =
+        bootsman_runtime::conditions::get(&h.status.as_ref().unwrap().conditions, types::BOOTSTRAP_SUCCEEDED)
+            .unwrap()
+            .clone();
+    assert_eq!(cond.observed_generation, h.metadata.generation);
+
+    // A restart does not run a finished bootstrap again.
+    host.terminate();
+    host.start(&[]);
+    wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(read(&host.path("run/count.txt")), "started\n");
+
+    // Release: kubeadm reset -f, every written file removed, CleanupSucceeded=True.
+    pool.hosts()
+        .patch(
+            "node-b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"release": {
+                "machineUID": "uid-b1",
+                "requestedAt": k8s_openapi::jiff::Timestamp::now().to_string(),
+            }}})),
+        )
+        .await
+        .unwrap();
+    wait_condition(&pool.hosts(), &host, types::CLEANUP_SUCCEEDED, "True").await;
+    assert!(read(&host.path("run/kubeadm.log")).ends_with("reset -f\n"));
+    for f in [
+        "/etc/kubeadm/deep/nested/plain.conf",
+        "/etc/b64.txt",
+        "/etc/base64.txt",
+        "/etc/gz.txt",
+        "/etc/gzip.txt",
+        "/etc/appended.txt",
+    ] {
+        assert!(!host.path(f).exists(), "{f} survived the reset");
+    }
+    assert!(
+        host.path("/etc/os-release").exists(),
+        "reset removed a file bootstrap did not write"
+    );
+}
+
+/// Starts an agent for `name`, hands it `data` and returns the host and the message of its
+/// failed bootstrap.
+async fn failed_bootstrap(pool: &Pool, name: &str, uid: &str, data: &str) -> (common::Host, String) {
+    let mut host = pool.host(name);
+    host.start(&[]);
+    wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
+    hand_over(pool, name, uid, data).await;
+    let h = wait_condition(&pool.hosts(), &host, types::BOOTSTRAP_SUCCEEDED, "False").await;
+    let msg = message(&h, types::BOOTSTRAP_SUCCEEDED);
+    (host, msg)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_are_reported_with_the_output_tail() {
+    let pool = Pool::new("agent-fail").await;
+    let (host, msg) = failed_bootstrap(
+        &pool,
+        "node-c",
+        "uid-c1",
+        "#cloud-config\nruncmd:\n  - echo first-line; echo the-reason-it-broke >&2; exit 3\n  - touch never\n",
+    )
+    .await;
+    assert!(msg.contains("the-reason-it-broke"), "message: {msg}");
+    assert!(msg.contains('3'), "message names the exit status: {msg}");
+    assert!(!host.path("never").exists());
+
+    // Bootstrap data with a directive the agent does not run is refused before any step runs.
+    let (other, msg) = failed_bootstrap(
+        &pool,
+        "node-d",
+        "uid-d1",
+        "#cloud-config\npackages:\n  - kubelet\nruncmd:\n  - touch never\n",
+    )
+    .await;
+    assert!(msg.contains("packages"), "message names the directive: {msg}");
+    assert!(!other.path("never").exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_bootstrap_resumes_without_repeating_finished_steps() {
+    let pool = Pool::new("agent-resume").await;
+    let mut host = pool.host("node-e");
+    std::fs::create_dir_all(host.path("run")).unwrap();
+    host.start(&[]);
+    wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
+    let data = "#cloud-config\nruncmd:\n  - echo x >> run/first.txt\n  - \"echo x >> run/second.txt; if [ ! -e run/go ]; then sleep 300; fi\"\n  - echo x >> run/third.txt\n";
+    hand_over(&pool, "node-e", "uid-e1", data).await;
+    let second = host.path("run/second.txt");
+    common::eventually("the second step runs", || async { second.exists().then_some(()) }).await;
+    host.kill();
+    std::fs::write(host.path("run/go"), "").unwrap();
+    host.start(&[]);
+    wait_condition(&pool.hosts(), &host, types::BOOTSTRAP_SUCCEEDED, "True").await;
+    assert_eq!(
+        read(&host.path("run/first.txt")),
+        "x\n",
+        "a finished step ran again"
+    );
+    // The interrupted step runs again from its start; the rest once.
+    assert_eq!(read(&host.path("run/second.txt")), "x\nx\n");
+    assert_eq!(read(&host.path("run/third.txt")), "x\n");
+}
+
+fn run_agent(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(common::agent_bin())
+        .args(args)
+        .env_remove("BYOH_NAMESPACE")
+        .env_remove("BYOH_NAME")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_flags_name_the_flag_and_rule() {
+    let dir = std::env::temp_dir().join(format!("byoh-agent-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.to_str().unwrap();
+    let base = ["--namespace", "pool", "--state-dir", state];
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--name", "Not_A_Host"], &["--name", "RFC 1123"]),
+        (
+            &["--name", "h", "--heartbeat-interval", "soon"],
+            &["--heartbeat-interval"],
+        ),
+        (
+            &["--name", "h", "--command-timeout", "0s"],
+            &["--command-timeout", "more than zero"],
+        ),
+        (&["--name", "h", "--label", "novalue"], &["--label", "key=value"]),
+        (
+            &["--name", "h", "--label", "bad key=v"],
+            &["--label", "label key"],
+        ),
+        (&["--name", "h", "--root", "/nonexistent/root"], &["--root"]),
+        (
+            &["--name", "h", "--kubeconfig", "/nonexistent/kubeconfig"],
+            &["bootstrap kubeconfig"],
+        ),
+    ];
+    for (extra, want) in cases {
+        let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();
+        let (ok, err) = run_agent(&args);
+        assert!(!ok, "{args:?} was accepted");
+        for w in *want {
+            assert!(err.contains(w), "{args:?}: the error does not say {w:?}:\n{err}");
+        }
+    }
+    let (ok, err) = run_agent(&["--name", "h"]);
+    assert!(!ok);
+    assert!(err.contains("--namespace"), "{err}");
+}
