@@ -376,6 +376,23 @@ fn command(at: &str, v: &Value) -> Result<Command, ParseError> {
     }
 }
 
+/// The fuzzing entry: parses `text` and checks what came back is usable — every step
+/// describes itself, every mode fits in the permission bits, and an error has a message. Panics
+/// only when the parser broke one of those promises (or panicked itself).
+pub fn check_input(text: &str) {
+    match parse(text) {
+        Ok(steps) => {
+            for step in &steps {
+                assert!(!step.describe().is_empty());
+                if let Step::WriteFile(f) = step {
+                    assert!(f.mode <= 0o7777, "mode {:o} out of range", f.mode);
+                }
+            }
+        }
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
