@@ -1,3 +1,11 @@
 //! `bootsman-operator`: the provisioning operator of Bootsman. It turns a BootsmanCluster into the
 //! Cluster API objects of a child cluster (fetch → validate → render → apply → status) and keeps
 //! them matching the spec.
+
+pub mod render;
+pub mod settings;
+pub mod validate;
+
+pub use render::render;
+pub use settings::OperatorSettings;
+pub use validate::{Violation, validate};

@@ -1,0 +1,283 @@
+//! Validate: the CRD's CEL rules checked again in Rust, plus rules CEL cannot express, before
+//! anything is rendered. An object stored before a rule existed (or written around admission)
+//! is caught here: it gets `Stalled=True` with the violation and nothing is applied.
+
+use std::net::IpAddr;
+
+use bootsman_api::v1alpha1::{BootsmanClusterSpec, MetalLbMode};
+
+/// One broken rule: the field and a message naming the rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Path of the offending field, e.g. `spec.controlPlane.replicas`.
+    pub field: String,
+    /// What is wrong, ending with `(rule: <name>)`.
+    pub message: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+fn v(field: impl Into<String>, message: impl Into<String>) -> Violation {
+    Violation {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// Every rule `spec` breaks, in field order; empty when the spec is valid.
+pub fn validate(spec: &BootsmanClusterSpec) -> Vec<Violation> {
+    let mut out = Vec::new();
+    if !is_version(&spec.kubernetes_version) {
+        out.push(v(
+            "spec.kubernetesVersion",
+            "kubernetesVersion must look like vX.Y.Z, e.g. v1.33.4 (rule: version-format)",
+        ));
+    }
+    let cp = &spec.control_plane;
+    if cp.replicas != 3 && cp.replicas != 5 {
+        out.push(v(
+            "spec.controlPlane.replicas",
+            "controlPlane.replicas must be 3 or 5: etcd needs an odd number of members, and 3 or 5 \
+             keep quorum when 1 or 2 fail (rule: control-plane-replicas-3-or-5)",
+        ));
+    }
+    if cp.endpoint.host.trim().is_empty() {
+        out.push(v(
+            "spec.controlPlane.endpoint.host",
+            "endpoint host must not be empty (rule: endpoint-host-required)",
+        ));
+    }
+    if !(1..=65535).contains(&cp.endpoint.port) {
+        out.push(v(
+            "spec.controlPlane.endpoint.port",
+            "endpoint port must be between 1 and 65535 (rule: endpoint-port-range)",
+        ));
+    }
+    if spec.workers.is_empty() || spec.workers.len() > 32 {
+        out.push(v(
+            "spec.workers",
+            "there must be between 1 and 32 worker pools (rule: worker-pools-count)",
+        ));
+    }
+    let pool_names: Vec<&str> = spec.workers.iter().map(|w| w.name.as_str()).collect();
+    check_names(
+        &mut out,
+        &pool_names,
+        "spec.workers",
+        "worker pool name must be a DNS-1123 label: lower-case letters, digits and '-', \
+         starting and ending with a letter or digit (rule: worker-pool-name-dns1123)",
+        "worker pool names must be unique (rule: worker-pool-names-unique)",
+    );
+    for (i, w) in spec.workers.iter().enumerate() {
+        if !(0..=1000).contains(&w.replicas) {
+            out.push(v(
+                format!("spec.workers[{i}].replicas"),
+                "worker pool replicas must be between 0 and 1000 (rule: worker-replicas-range)",
+            ));
+        }
+    }
+    let total: i64 = spec.workers.iter().map(|w| i64::from(w.replicas)).sum();
+    if total < 3 {
+        out.push(v(
+            "spec.workers",
+            "the worker pools must have at least 3 replicas in total (rule: worker-replicas-min-3)",
+        ));
+    }
+    let net = &spec.network;
+    let pod = parse_cidr(&net.pod_cidr);
+    let svc = parse_cidr(&net.service_cidr);
+    if pod.is_none() {
+        out.push(v(
+            "spec.network.podCIDR",
+            "network.podCIDR must be a CIDR such as 10.244.0.0/16 (rule: pod-cidr-format)",
+        ));
+    }
+    if svc.is_none() {
+        out.push(v(
+            "spec.network.serviceCIDR",
+            "network.serviceCIDR must be a CIDR such as 10.96.0.0/12 (rule: service-cidr-format)",
+        ));
+    }
+    if let (Some(p), Some(s)) = (pod, svc)
+        && (p.contains(&s.addr) || s.contains(&p.addr))
+    {
+        out.push(v(
+            "spec.network",
+            "network.podCIDR and network.serviceCIDR must not overlap (rule: network-cidrs-disjoint)",
+        ));
+    }
+    // Not expressible in the CRD: the endpoint VIP must be reachable on the hosts' network, so
+    // it cannot lie inside the cluster's own pod or service network.
+    if let Ok(ip) = cp.endpoint.host.parse::<IpAddr>() {
+        for (c, field) in [(pod, "podCIDR"), (svc, "serviceCIDR")] {
+            if c.is_some_and(|c| c.contains(&ip)) {
+                out.push(v(
+                    "spec.controlPlane.endpoint.host",
+                    format!(
+                        "endpoint host {ip} lies inside network.{field}; the endpoint must be an \
+                         address on the hosts' network (rule: endpoint-outside-cluster-networks)"
+                    ),
+                ));
+            }
+        }
+    }
+    let mlb = &spec.load_balancer.metallb;
+    if mlb.mode != MetalLbMode::Bgp {
+        out.push(v(
+            "spec.loadBalancer.metallb.mode",
+            "metallb.mode must be BGP: L2 mode is refused because one node answers for each \
+             service IP, making it a traffic bottleneck and a slow failover point (rule: metallb-bgp-only)",
+        ));
+    }
+    if mlb.enabled && (mlb.bgp_peers.is_empty() || mlb.address_pools.is_empty()) {
+        out.push(v(
+            "spec.loadBalancer.metallb",
+            "metallb.enabled needs at least one bgpPeers entry and one addressPools entry (rule: metallb-bgp-config)",
+        ));
+    }
+    let pool_names: Vec<&str> = mlb.address_pools.iter().map(|p| p.name.as_str()).collect();
+    check_names(
+        &mut out,
+        &pool_names,
+        "spec.loadBalancer.metallb.addressPools",
+        "address pool name must be a DNS-1123 label (rule: address-pool-name-dns1123)",
+        "address pool names must be unique (rule: address-pool-names-unique)",
+    );
+    out
+}
+
+/// Each name must be a DNS-1123 label and unique within `names`.
+fn check_names(out: &mut Vec<Violation>, names: &[&str], list: &str, bad: &str, dup: &str) {
+    for (i, n) in names.iter().enumerate() {
+        if !is_dns1123_label(n) {
+            out.push(v(format!("{list}[{i}].name"), bad));
+        }
+        if names[..i].contains(n) {
+            out.push(v(format!("{list}[{i}].name"), dup));
+        }
+    }
+}
+
+fn is_version(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix('v') else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// A parsed CIDR block.
+#[derive(Clone, Copy, Debug)]
+struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    fn contains(&self, ip: &IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(n) & mask == u32::from(*a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(n) & mask == u128::from(*a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+fn parse_cidr(s: &str) -> Option<Cidr> {
+    let (a, p) = s.split_once('/')?;
+    let addr: IpAddr = a.parse().ok()?;
+    let prefix: u8 = p.parse().ok()?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    (prefix <= max).then_some(Cidr { addr, prefix })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> BootsmanClusterSpec {
+        serde_json::from_value(serde_json::json!({
+            "kubernetesVersion": "v1.33.4",
+            "controlPlane": {"replicas": 3, "endpoint": {"host": "10.0.0.10", "port": 6443}},
+            "workers": [{"name": "a", "replicas": 3}],
+        }))
+        .unwrap()
+    }
+
+    fn rules(spec: &BootsmanClusterSpec) -> Vec<String> {
+        validate(spec)
+            .into_iter()
+            .map(|v| {
+                v.message
+                    .rsplit("(rule: ")
+                    .next()
+                    .unwrap()
+                    .trim_end_matches(')')
+                    .to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sample_is_valid() {
+        assert!(validate(&sample()).is_empty());
+    }
+
+    #[test]
+    fn each_rule_is_reported_by_name() {
+        let mut s = sample();
+        s.control_plane.replicas = 4;
+        assert_eq!(rules(&s), ["control-plane-replicas-3-or-5"]);
+
+        let mut s = sample();
+        s.workers[0].replicas = 2;
+        assert_eq!(rules(&s), ["worker-replicas-min-3"]);
+
+        let mut s = sample();
+        s.workers.push(s.workers[0].clone());
+        assert_eq!(rules(&s), ["worker-pool-names-unique"]);
+
+        let mut s = sample();
+        s.network.pod_cidr = "10.96.0.0/16".into();
+        assert_eq!(rules(&s), ["network-cidrs-disjoint"]);
+
+        let mut s = sample();
+        s.network.service_cidr = "10.96.0.0/33".into();
+        assert_eq!(rules(&s), ["service-cidr-format"]);
+
+        let mut s = sample();
+        s.control_plane.endpoint.host = "10.244.1.1".into();
+        assert_eq!(rules(&s), ["endpoint-outside-cluster-networks"]);
+
+        let mut s = sample();
+        s.kubernetes_version = "1.33".into();
+        assert_eq!(rules(&s), ["version-format"]);
+
+        let mut s = sample();
+        s.load_balancer.metallb.enabled = true;
+        assert_eq!(rules(&s), ["metallb-bgp-config"]);
+    }
+}
