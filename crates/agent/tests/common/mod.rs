@@ -147,6 +147,7 @@ impl Pool {
             root,
             state,
             kubeconfig,
+            bin: agent_bin(),
             child: None,
         }
     }
@@ -164,18 +165,22 @@ pub struct Host {
     pub state: PathBuf,
     /// `--kubeconfig`.
     pub kubeconfig: PathBuf,
+    /// The agent binary to run.
+    pub bin: String,
     child: Option<Child>,
 }
 
-/// The agent binary under test.
-pub fn agent_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_byoh-agent")
+/// The agent binary cargo built for the tests (empty in programs that name their own).
+pub fn agent_bin() -> String {
+    option_env!("CARGO_BIN_EXE_byoh-agent")
+        .unwrap_or_default()
+        .to_string()
 }
 
 impl Host {
     /// The agent's command line for this host, heartbeating every second.
     pub fn command(&self, labels: &[&str]) -> Command {
-        let mut c = Command::new(agent_bin());
+        let mut c = Command::new(&self.bin);
         c.arg("--namespace")
             .arg(&self.ns)
             .arg("--name")
