@@ -8,7 +8,9 @@ use bootsman_api::v1alpha1::BootsmanCluster;
 use bootsman_operator::{OperatorSettings, render};
 
 fn check(case: &str) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(case);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(case);
     let input = std::fs::read_to_string(dir.join("input.yaml")).unwrap();
     let bc: BootsmanCluster = serde_saphyr::from_str(&input).unwrap();
     assert_eq!(
@@ -70,17 +72,25 @@ fn every_object_is_owned_and_labelled() {
         assert_eq!(owners[0].controller, Some(true));
         assert_eq!(owners[0].uid, "00000000-0000-0000-0000-000000000003");
         let labels = o.metadata.labels.clone().unwrap_or_default();
-        assert_eq!(labels.get("bootsman.io/cluster").map(String::as_str), Some("full"));
+        assert_eq!(
+            labels.get("bootsman.io/cluster").map(String::as_str),
+            Some("full")
+        );
         assert_eq!(o.metadata.namespace.as_deref(), Some("team-c"));
     }
 }
 
 #[test]
 fn settings_errors_name_the_field() {
-    let err = OperatorSettings::from_yaml("addons:\n  cilium:\n    repoURL: ''\n    chartName: c\n    version: '1'\n", "s.yaml")
+    let err = OperatorSettings::from_yaml(
+        "addons:\n  cilium:\n    repoURL: ''\n    chartName: c\n    version: '1'\n",
+        "s.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("addons.cilium.repoURL"), "{err}");
+    let err = OperatorSettings::from_yaml("kubeVipImag: x\n", "s.yaml")
         .unwrap_err()
         .to_string();
-    assert!(err.contains("addons.cilium.repoURL"), "{err}");
-    let err = OperatorSettings::from_yaml("kubeVipImag: x\n", "s.yaml").unwrap_err().to_string();
     assert!(err.contains("kubeVipImag"), "{err}");
 }
