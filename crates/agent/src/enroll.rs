@@ -355,8 +355,9 @@ pub async fn renew(opts: &Options, expiration: Option<Duration>) -> Result<kube:
 }
 
 /// Renews the certificate whenever 80 % of its lifetime has passed, calling `on_renewed` with
-/// the new configuration, until `shutdown`. A failed renewal is retried every minute; once the
-/// certificate has expired it falls back to the bootstrap kubeconfig, if there is one.
+/// the new configuration, until `shutdown`. A failed renewal (or an unreadable kubeconfig) is
+/// retried every minute; once the certificate has expired it falls back to the bootstrap
+/// kubeconfig, if there is one. Returns only at `shutdown`.
 pub async fn renew_loop(
     opts: &Options,
     mut on_renewed: impl FnMut(kube::Config),
@@ -364,18 +365,22 @@ pub async fn renew_loop(
 ) -> Result<(), Error> {
     tokio::pin!(shutdown);
     loop {
-        let wait = match current_certificate(opts)? {
-            Some(v) => Duration::from_secs((v.renew_at() - now()).max(0).unsigned_abs()),
-            None => Duration::ZERO,
+        let result = match current_certificate(opts) {
+            Ok(Some(v)) if !v.needs_renewal(now()) => {
+                // Looked at again at least daily: the clock may jump, and a long wait must not
+                // overflow the timer.
+                let wait = Duration::from_secs((v.renew_at() - now()).clamp(1, 86_400).unsigned_abs());
+                tracing::debug!(in_secs = wait.as_secs(), "next look at the host certificate");
+                tokio::select! {
+                    () = &mut shutdown => return Ok(()),
+                    () = tokio::time::sleep(wait) => {}
+                }
+                continue;
+            }
+            Ok(_) => ensure_identity(opts).await,
+            Err(e) => Err(e),
         };
-        if !wait.is_zero() {
-            tracing::debug!(in_secs = wait.as_secs(), "next host certificate renewal");
-        }
-        tokio::select! {
-            () = &mut shutdown => return Ok(()),
-            () = tokio::time::sleep(wait) => {}
-        }
-        match ensure_identity(opts).await {
+        match result {
             Ok(config) => on_renewed(config),
             Err(e) => {
                 tracing::warn!(error = %e, "renewing the host certificate failed; retrying in 1m");
