@@ -97,6 +97,19 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                 server.unwrap_or_else(|| config.cluster_url.to_string().trim_end_matches('/').to_string());
             let ca = token::ca_pem(&config);
             let client = kube::Client::try_from(config)?;
+            // The approver denies a token for a pool that does not exist; say so now.
+            let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+            if namespaces
+                .get_opt(&req.pool)
+                .await
+                .with_context(|| format!("--namespace: look up namespace {}", req.pool))?
+                .is_none()
+            {
+                anyhow::bail!(
+                    "--namespace: namespace {:?} does not exist; create the pool namespace first",
+                    req.pool
+                );
+            }
             let t = token::create(&client, &req).await?;
             out.write_all(token::bootstrap_kubeconfig(&server, &ca, &t).as_bytes())?;
             eprintln!(

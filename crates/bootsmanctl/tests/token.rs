@@ -28,21 +28,23 @@ async fn token_authenticates_as_pool_bootstrapper_and_may_submit_a_csr() {
     common::apply_host_rbac(env);
     let pool = env.create_namespace("token").await;
     let kubeconfig = env.kubeconfig().to_str().expect("utf-8 path").to_string();
-    let printed = run_cli(&[
-        "bootsmanctl",
-        "--kubeconfig",
-        &kubeconfig,
-        "hosts",
-        "token",
-        "--namespace",
-        &pool,
-        "--name",
-        "web-1",
-        "--ttl",
-        "30m",
-    ])
-    .await
-    .expect("hosts token");
+    let token_cli = |flags: &[&str]| {
+        let mut args = vec!["bootsmanctl", "--kubeconfig", &kubeconfig, "hosts", "token"];
+        args.extend_from_slice(flags);
+        let args: Vec<String> = args.into_iter().map(String::from).collect();
+        async move { run_cli(&args.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+    let printed = token_cli(&["--namespace", &pool, "--name", "web-1", "--ttl", "30m"])
+        .await
+        .expect("hosts token");
+    let missing = token_cli(&["--namespace", "no-such-pool"])
+        .await
+        .expect_err("a token for a missing pool")
+        .to_string();
+    assert!(
+        missing.contains("--namespace") && missing.contains("does not exist"),
+        "{missing}"
+    );
 
     let kc = kube::config::Kubeconfig::from_yaml(&printed).expect("printed kubeconfig parses");
     let raw: serde_json::Value = serde_saphyr::from_str(&printed).expect("printed YAML");
@@ -73,7 +75,8 @@ async fn token_authenticates_as_pool_bootstrapper_and_may_submit_a_csr() {
     );
     let exp: Timestamp = get("expiration").parse().expect("RFC 3339 expiration");
     let left = exp.as_second() - Timestamp::now().as_second();
-    assert!((25 * 60..=30 * 60).contains(&left), "expires in {left}s");
+    // The expiration is rounded to the second.
+    assert!((25 * 60..=30 * 60 + 1).contains(&left), "expires in {left}s");
     let labels = s.metadata.labels.clone().unwrap_or_default();
     assert_eq!(labels.get(identity::TOKEN_POOL), Some(&pool));
     let annotations = s.metadata.annotations.clone().unwrap_or_default();
