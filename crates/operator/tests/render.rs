@@ -2,6 +2,8 @@
 //! renders exactly to `expected.yaml`. After an intended change to the rendering, rewrite them
 //! with `BOOTSMAN_REGENERATE=1 cargo test -p bootsman-operator --test render` and review the diff.
 
+#![allow(clippy::unwrap_used)] // test code
+
 use std::path::Path;
 
 use bootsman_api::v1alpha1::BootsmanCluster;
