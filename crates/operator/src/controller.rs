@@ -1,0 +1,627 @@
+//! The BootsmanCluster controller: fetch → validate → render → apply → status.
+//!
+//! - Apply is server-side apply as field manager [`MANAGER`], forced. Each rendered object
+//!   carries the hash of its rendered form in [`HASH_ANNOTATION`]; an object whose stored hash
+//!   matches is not written at all, so reapplying the same spec makes no writes, and a replica
+//!   change writes only the object whose replicas changed (and SSA changes only that field).
+//! - A spec that breaks a rule gets `Ready=False`, `Stalled=True` naming the rule; nothing is
+//!   applied.
+//! - Deletion: the finalizer [`FINALIZER`] stays until the CAPI Cluster (deleted in the
+//!   foreground, so CAPI tears the machines down and the provider releases the hosts) is gone.
+//! - Status is written only when it changed.
+
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bootsman_api::capi::{Cluster, KubeadmControlPlane, MachineDeployment};
+use bootsman_api::v1alpha1::{BootsmanCluster, BootsmanClusterStatus, ClusterPhase, ReplicaCounts};
+use bootsman_api::v1beta1::{ByoHost, HostPhase};
+use bootsman_runtime::conditions::{self, Status};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PropagationPolicy,
+};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::render::{control_plane_name, pool_object_name, render};
+use crate::settings::OperatorSettings;
+use crate::validate::validate;
+
+/// Field manager of every write the operator makes.
+pub const MANAGER: &str = "bootsman-operator";
+/// Finalizer that keeps a BootsmanCluster until its CAPI Cluster is gone.
+pub const FINALIZER: &str = "bootsman.io/cluster-cleanup";
+/// Annotation on each rendered object: hash of its rendered form, to skip no-op applies.
+pub const HASH_ANNOTATION: &str = "bootsman.io/rendered-hash";
+/// How often a healthy cluster is looked at again (status counts come from CAPI).
+const RESYNC: Duration = Duration::from_secs(60);
+/// How soon a cluster is looked at again while it is being deleted or is not ready.
+const SOON: Duration = Duration::from_secs(5);
+
+/// What a reconcile needs.
+pub struct Context {
+    /// Client of the management cluster.
+    pub client: kube::Client,
+    /// Addon sources and the kube-vip image.
+    pub settings: OperatorSettings,
+    /// Reconcile counters and durations.
+    pub metrics: Arc<bootsman_runtime::metrics::Metrics>,
+    /// Publishes Events on BootsmanClusters.
+    pub recorder: Recorder,
+}
+
+impl Context {
+    /// A context for `client` with `settings`.
+    pub fn new(
+        client: kube::Client,
+        settings: OperatorSettings,
+        metrics: Arc<bootsman_runtime::metrics::Metrics>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER.into(),
+                instance: None,
+            },
+        );
+        Self {
+            client,
+            settings,
+            metrics,
+            recorder,
+        }
+    }
+}
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to the API server failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+impl Error {
+    /// Short label for the errors metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Kube { .. } => "kube",
+        }
+    }
+}
+
+fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Reconciles one BootsmanCluster.
+pub async fn reconcile(bc: Arc<BootsmanCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let timer = ctx.metrics.reconcile_timer("bootsmancluster");
+    let r = reconcile_inner(&bc, &ctx).await;
+    timer.observe();
+    if let Err(e) = &r {
+        ctx.metrics.reconcile_failed("bootsmancluster", e.metric_label());
+    }
+    r
+}
+
+async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, Error> {
+    let ns = bc.namespace().unwrap_or_default();
+    let name = bc.name_any();
+    let api: Api<BootsmanCluster> = Api::namespaced(ctx.client.clone(), &ns);
+
+    if bc.metadata.deletion_timestamp.is_some() {
+        return finalize(bc, ctx, &api).await;
+    }
+    if !bc.finalizers().iter().any(|f| f == FINALIZER) {
+        let mut fins = bc.finalizers().to_vec();
+        fins.push(FINALIZER.into());
+        let patch = json!({"metadata": {"finalizers": fins, "resourceVersion": bc.resource_version()}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err(format!("adding finalizer to {ns}/{name}")))?;
+        // The update triggers the next reconcile.
+        return Ok(Action::await_change());
+    }
+
+    let generation = bc.metadata.generation;
+    let mut status = bc.status.clone().unwrap_or_default();
+    let violations = validate(&bc.spec);
+    if !violations.is_empty() {
+        let msg = violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        let mut c = status.conditions.clone();
+        let now = conditions::now();
+        for (type_, st, m) in [
+            ("Stalled", Status::True, msg.as_str()),
+            ("Ready", Status::False, msg.as_str()),
+            ("Reconciling", Status::False, ""),
+        ] {
+            set(&mut c, type_, st, "InvalidSpec", m, generation, &now);
+        }
+        let was_stalled = conditions::is_true(&status.conditions, "Stalled");
+        status.conditions = c;
+        status.phase = Some(ClusterPhase::Failed);
+        status.observed_generation = generation;
+        write_status(bc, ctx, &api, status).await?;
+        if !was_stalled {
+            event(ctx, bc, EventType::Warning, "InvalidSpec", &msg).await;
+        }
+        return Ok(Action::await_change());
+    }
+
+    let desired = render(bc, &ctx.settings);
+    let mut addons_missing = false;
+    let mut written = Vec::new();
+    for obj in desired {
+        match apply_if_changed(&ctx.client, obj).await {
+            Ok(Some(kind_name)) => written.push(kind_name),
+            Ok(None) => {}
+            Err(e) => {
+                if let Error::Kube { source, action } = &e
+                    && action.contains("HelmChartProxy")
+                    && is_not_found(source)
+                {
+                    addons_missing = true;
+                    continue;
+                }
+                return Err(e);
+            }
+        }
+    }
+    if !written.is_empty() {
+        event(
+            ctx,
+            bc,
+            EventType::Normal,
+            "Applied",
+            &format!("applied {}", written.join(", ")),
+        )
+        .await;
+    }
+
+    let status = observe(bc, ctx, status, addons_missing).await?;
+    let requeue = if conditions::is_true(&status.conditions, "Ready") {
+        RESYNC
+    } else {
+        SOON
+    };
+    write_status(bc, ctx, &api, status).await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// Applies `obj` unless the stored object carries the same rendered hash. Returns
+/// `Some("Kind/name")` when it wrote.
+async fn apply_if_changed(client: &kube::Client, mut obj: Value) -> Result<Option<String>, Error> {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default().to_string();
+    let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let ns = obj["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+    let hash = hash_of(&obj);
+    obj["metadata"]["annotations"] = json!({HASH_ANNOTATION: hash});
+    let what = format!("{kind}/{name}");
+    let current = api
+        .get_opt(&name)
+        .await
+        .map_err(kube_err(format!("reading {kind} {ns}/{name}")))?;
+    if current.is_some_and(|c| c.annotations().get(HASH_ANNOTATION) == Some(&hash)) {
+        return Ok(None);
+    }
+    api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&obj))
+        .await
+        .map_err(kube_err(format!("applying {kind} {ns}/{name}")))?;
+    Ok(Some(what))
+}
+
+fn hash_of(v: &Value) -> String {
+    let mut h = DefaultHasher::new();
+    v.to_string().hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+/// Reads what CAPI reports and the host pool and fills in counts and conditions.
+async fn observe(
+    bc: &BootsmanCluster,
+    ctx: &Context,
+    mut status: BootsmanClusterStatus,
+    addons_missing: bool,
+) -> Result<BootsmanClusterStatus, Error> {
+    let ns = bc.namespace().unwrap_or_default();
+    let name = bc.name_any();
+    let gen_ = bc.metadata.generation;
+    let now = conditions::now();
+
+    let kcp = Api::<KubeadmControlPlane>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&control_plane_name(&name))
+        .await
+        .map_err(kube_err("reading KubeadmControlPlane"))?;
+    let kcp_status = kcp.and_then(|k| k.status).unwrap_or_default();
+    let cp = ReplicaCounts {
+        desired: bc.spec.control_plane.replicas,
+        ready: kcp_status.ready_replicas.unwrap_or(0),
+    };
+    let cp_existing = kcp_status.replicas.unwrap_or(0);
+
+    let mds = Api::<MachineDeployment>::namespaced(ctx.client.clone(), &ns);
+    let mut workers = ReplicaCounts::default();
+    let mut pool_missing = Vec::new();
+    let hosts = Api::<ByoHost>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("listing ByoHosts"))?;
+    let free: Vec<&ByoHost> = hosts
+        .items
+        .iter()
+        .filter(|h| {
+            h.status.as_ref().and_then(|s| s.phase) == Some(HostPhase::Available)
+                && h.spec.machine_ref.is_none()
+                && h.spec.maintenance != Some(true)
+                && h.spec.quarantine.is_none()
+        })
+        .collect();
+    let count = |sel: Option<&LabelSelector>| free.iter().filter(|h| matches(sel, h.labels())).count() as i32;
+
+    let cp_needed = (cp.desired - cp_existing).max(0);
+    let cp_free = count(bc.spec.control_plane.host_selector.as_ref());
+    if cp_needed > cp_free {
+        pool_missing.push(format!(
+            "control-plane: {} more host(s) needed",
+            cp_needed - cp_free
+        ));
+    }
+    for pool in &bc.spec.workers {
+        let md = mds
+            .get_opt(&pool_object_name(&name, &pool.name))
+            .await
+            .map_err(kube_err("reading MachineDeployment"))?;
+        let s = md.and_then(|m| m.status).unwrap_or_default();
+        workers.desired += pool.replicas;
+        workers.ready += s.ready_replicas.unwrap_or(0);
+        let existing = s.replicas.unwrap_or(0);
+        let needed = (pool.replicas - existing).max(0);
+        let avail = count(pool.host_selector.as_ref());
+        if needed > avail {
+            pool_missing.push(format!(
+                "workers/{}: {} more host(s) needed",
+                pool.name,
+                needed - avail
+            ));
+        }
+    }
+
+    let kubeconfig = format!("{name}-kubeconfig");
+    let has_kubeconfig = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .get_metadata_opt(&kubeconfig)
+        .await
+        .map_err(kube_err("reading kubeconfig Secret"))?
+        .is_some();
+
+    let addons_ready = !addons_missing && addons_ready(bc, ctx, &ns).await?;
+    let cp_ready = cp.ready >= cp.desired;
+    let w_ready = workers.ready >= workers.desired;
+    let ready = cp_ready && w_ready && addons_ready;
+    let hosts_ok = pool_missing.is_empty();
+
+    let c = &mut status.conditions;
+    let was_hosts_ok = conditions::get(c, "HostsAvailable").map(|x| x.status == "True");
+    set(c, "Stalled", Status::False, "Valid", "", gen_, &now);
+    let addons_reason = if addons_missing {
+        "HelmChartProxyUnavailable"
+    } else if addons_ready {
+        "Ready"
+    } else {
+        "Installing"
+    };
+    let addons_msg = if addons_missing {
+        "the HelmChartProxy API (CAAPH) is not installed".to_string()
+    } else {
+        String::new()
+    };
+    let hosts_msg = if hosts_ok {
+        "enough free hosts for every role".to_string()
+    } else {
+        pool_missing.join("; ")
+    };
+    // (type, holds, reason when it holds, reason when not, message)
+    let table = [
+        (
+            "ControlPlaneReady",
+            cp_ready,
+            "Ready",
+            "WaitingForMachines",
+            format!("{}/{} control-plane machines ready", cp.ready, cp.desired),
+        ),
+        (
+            "WorkersReady",
+            w_ready,
+            "Ready",
+            "WaitingForMachines",
+            format!("{}/{} worker machines ready", workers.ready, workers.desired),
+        ),
+        ("HostsAvailable", hosts_ok, "Enough", "NotEnoughHosts", hosts_msg),
+        (
+            "AddonsReady",
+            addons_ready,
+            addons_reason,
+            addons_reason,
+            addons_msg,
+        ),
+        ("Ready", ready, "Ready", "NotReady", String::new()),
+        ("Reconciling", !ready, "Provisioning", "Done", String::new()),
+    ];
+    for (type_, holds, yes, no, msg) in &table {
+        let reason = if *holds { yes } else { no };
+        set(c, type_, Status::from_bool(*holds), reason, msg, gen_, &now);
+    }
+    if was_hosts_ok != Some(hosts_ok) && !hosts_ok {
+        event(
+            ctx,
+            bc,
+            EventType::Warning,
+            "NotEnoughHosts",
+            &pool_missing.join("; "),
+        )
+        .await;
+    }
+
+    let old_phase = status.phase;
+    status.phase = Some(if ready {
+        ClusterPhase::Ready
+    } else if cp_existing == 0 && workers.ready == 0 {
+        ClusterPhase::Pending
+    } else if status
+        .control_plane
+        .as_ref()
+        .is_some_and(|o| o.desired != cp.desired)
+        || status
+            .workers
+            .as_ref()
+            .is_some_and(|o| o.desired != workers.desired)
+    {
+        ClusterPhase::Scaling
+    } else {
+        ClusterPhase::Provisioning
+    });
+    if old_phase != status.phase
+        && let Some(p) = status.phase
+    {
+        event(
+            ctx,
+            bc,
+            EventType::Normal,
+            "PhaseChanged",
+            &format!("phase is now {p:?}"),
+        )
+        .await;
+    }
+    status.observed_generation = gen_;
+    status.control_plane = Some(cp);
+    status.workers = Some(workers);
+    status.kubeconfig_secret = has_kubeconfig.then_some(kubeconfig);
+    Ok(status)
+}
+
+/// True when every HelmChartProxy of this cluster reports `Ready=True`.
+async fn addons_ready(bc: &BootsmanCluster, ctx: &Context, ns: &str) -> Result<bool, Error> {
+    let api = Api::<bootsman_api::capi::HelmChartProxy>::namespaced(ctx.client.clone(), ns);
+    let lp = ListParams::default().labels(&format!(
+        "{}={}",
+        bootsman_api::labels::BOOTSMAN_CLUSTER,
+        bc.name_any()
+    ));
+    match api.list(&lp).await {
+        Ok(l) => Ok(!l.items.is_empty()
+            && l.items.iter().all(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
+            })),
+        Err(e) if is_not_found(&e) => Ok(false),
+        Err(e) => Err(kube_err("listing HelmChartProxies")(e)),
+    }
+}
+
+/// Whether `labels` satisfy `selector` (no selector, or an empty one, selects everything).
+pub fn matches(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+    let Some(sel) = selector else { return true };
+    let ml = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let me = sel.match_expressions.iter().flatten().all(|e| {
+        let vals = e.values.clone().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => labels.get(&e.key).is_some_and(|v| vals.contains(v)),
+            "NotIn" => labels.get(&e.key).is_none_or(|v| !vals.contains(v)),
+            "Exists" => labels.contains_key(&e.key),
+            "DoesNotExist" => !labels.contains_key(&e.key),
+            _ => false,
+        }
+    });
+    ml && me
+}
+
+fn set(
+    c: &mut Vec<Condition>,
+    type_: &str,
+    status: Status,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) {
+    conditions::set(c, type_, status, reason, message, generation, now.clone());
+}
+
+/// Writes `status` unless it equals what is stored (conditions compared without timestamps,
+/// which `conditions::set` leaves alone when nothing flips).
+async fn write_status(
+    bc: &BootsmanCluster,
+    ctx: &Context,
+    api: &Api<BootsmanCluster>,
+    status: BootsmanClusterStatus,
+) -> Result<(), Error> {
+    if bc.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let _ = ctx;
+    let body = bootsman_runtime::ssa::body::<BootsmanCluster>(
+        &bc.name_any(),
+        bc.namespace().as_deref(),
+        json!({"status": status}),
+    );
+    bootsman_runtime::ssa::apply_status(api, MANAGER, &bc.name_any(), &body)
+        .await
+        .map_err(kube_err(format!("writing status of {}", bc.name_any())))?;
+    Ok(())
+}
+
+/// Deletes the CAPI Cluster in the foreground and removes the finalizer once it is gone.
+async fn finalize(bc: &BootsmanCluster, ctx: &Context, api: &Api<BootsmanCluster>) -> Result<Action, Error> {
+    if !bc.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let ns = bc.namespace().unwrap_or_default();
+    let name = bc.name_any();
+    let clusters = Api::<Cluster>::namespaced(ctx.client.clone(), &ns);
+    match clusters
+        .get_opt(&name)
+        .await
+        .map_err(kube_err("reading Cluster"))?
+    {
+        Some(c) => {
+            if c.metadata.deletion_timestamp.is_none() {
+                let dp = DeleteParams {
+                    propagation_policy: Some(PropagationPolicy::Foreground),
+                    ..Default::default()
+                };
+                match clusters.delete(&name, &dp).await {
+                    Ok(_) => {
+                        event(
+                            ctx,
+                            bc,
+                            EventType::Normal,
+                            "Deleting",
+                            "deleting the CAPI Cluster",
+                        )
+                        .await;
+                    }
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(kube_err("deleting Cluster")(e)),
+                }
+            }
+            let mut status = bc.status.clone().unwrap_or_default();
+            status.phase = Some(ClusterPhase::Deleting);
+            write_status(bc, ctx, api, status).await?;
+            Ok(Action::requeue(SOON))
+        }
+        None => {
+            let fins: Vec<String> = bc
+                .finalizers()
+                .iter()
+                .filter(|f| *f != FINALIZER)
+                .cloned()
+                .collect();
+            let patch = json!({"metadata": {"finalizers": fins, "resourceVersion": bc.resource_version()}});
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(kube_err(format!("removing finalizer of {ns}/{name}")))?;
+            event(ctx, bc, EventType::Normal, "Deleted", "the CAPI Cluster is gone").await;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+async fn event(ctx: &Context, bc: &BootsmanCluster, type_: EventType, reason: &str, note: &str) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: reason.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &bc.object_ref(&())).await {
+        tracing::warn!(error = %e, "publishing event");
+    }
+}
+
+/// Requeue policy on error: try again soon.
+pub fn error_policy(_bc: Arc<BootsmanCluster>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %err, "reconcile failed");
+    Action::requeue(SOON)
+}
+
+/// Runs the controller until `shutdown` resolves. Watches BootsmanClusters, the objects it
+/// renders (by owner) and ByoHosts (all clusters of the host's namespace are looked at again).
+pub async fn run(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{Controller, watcher};
+    let client = ctx.client.clone();
+    let api = |c: &kube::Client| -> Api<BootsmanCluster> {
+        match &namespace {
+            Some(ns) => Api::namespaced(c.clone(), ns),
+            None => Api::all(c.clone()),
+        }
+    };
+    let hosts: Api<ByoHost> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let kcps: Api<KubeadmControlPlane> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let mds: Api<MachineDeployment> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let controller = Controller::new(api(&client), watcher::Config::default());
+    let store = controller.store();
+    controller
+        .owns(kcps, watcher::Config::default())
+        .owns(mds, watcher::Config::default())
+        .watches(hosts, watcher::Config::default(), move |h: ByoHost| {
+            let ns = h.namespace();
+            store
+                .state()
+                .into_iter()
+                .filter(|b| b.namespace() == ns)
+                .map(|b| kube::runtime::reflector::ObjectRef::from_obj(&*b))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}

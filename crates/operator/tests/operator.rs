@@ -1,0 +1,362 @@
+//! The operator against the real control plane (our CRDs and CAPI's, without CAPI managers):
+//! the sample renders into objects the API server accepts, reapplying writes nothing, scaling
+//! touches only the replica fields, a short pool and a rule CEL cannot check show in the status,
+//! and deletion removes everything.
+//!
+//! CAAPH's CRDs cannot be fetched here (the Go module proxy refuses
+//! `sigs.k8s.io/cluster-api-addon-provider-helm`), so the tests install a HelmChartProxy CRD
+//! generated from our Rust type (schema-less, `x-kubernetes-preserve-unknown-fields`). It checks
+//! that the objects are stored, not CAAPH's field validation.
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bootsman_api::capi::{Cluster, HelmChartProxy, KubeadmControlPlane, MachineDeployment};
+use bootsman_api::v1alpha1::BootsmanCluster;
+use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
+use bootsman_operator::controller::{Context, run};
+use bootsman_operator::{OperatorSettings, render};
+use bootsman_testenv::{TestEnv, wait_for};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::{Api, CustomResourceExt, ResourceExt};
+use serde_json::json;
+use tokio::sync::OnceCell;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Waits until `check` gives `Some`.
+async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    wait_for(what, timeout, || {
+        let f = check();
+        async move { f.await.ok_or_else(|| "not yet".to_string()) }
+    })
+    .await
+}
+
+async fn env() -> &'static TestEnv {
+    static CRD: OnceCell<()> = OnceCell::const_new();
+    let env = TestEnv::shared().await;
+    CRD.get_or_init(|| async {
+        let crds: Api<CustomResourceDefinition> = Api::all(env.client().await);
+        let mut crd = HelmChartProxy::crd();
+        crd.spec.versions[0].subresources = Some(serde_json::from_value(json!({"status": {}})).unwrap());
+        crd.spec.versions[0].schema = Some(
+            serde_json::from_value(json!({"openAPIV3Schema": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+            }}))
+            .unwrap(),
+        );
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("installing HelmChartProxy CRD: {e}"),
+        }
+        let api: Api<HelmChartProxy> = Api::all(env.client().await);
+        until("HelmChartProxy API served", WAIT, || {
+            let api = api.clone();
+            async move { api.list(&Default::default()).await.ok() }
+        })
+        .await;
+    })
+    .await;
+    env
+}
+
+struct Operator {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Operator {
+    async fn start(env: &TestEnv, ns: &str) -> Self {
+        let metrics = Arc::new(bootsman_runtime::metrics::Metrics::new().unwrap());
+        let ctx = Arc::new(Context::new(
+            env.client().await,
+            OperatorSettings::default(),
+            metrics,
+        ));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(ctx, Some(ns.into()), async move {
+            let _ = rx.await;
+        }));
+        Self { stop: Some(tx), task }
+    }
+    async fn stop(mut self) {
+        let _ = self.stop.take().map(|s| s.send(()));
+        let _ = self.task.await;
+    }
+}
+
+fn sample(ns: &str) -> BootsmanCluster {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../config/samples/bootsmancluster.yaml"
+    ))
+    .unwrap();
+    let mut bc: BootsmanCluster = serde_saphyr::from_str(&text).unwrap();
+    bc.metadata.namespace = Some(ns.into());
+    bc
+}
+
+fn dynamic_api(client: &kube::Client, obj: &serde_json::Value, ns: &str) -> (Api<DynamicObject>, String) {
+    let av = obj["apiVersion"].as_str().unwrap();
+    let (g, v) = av.rsplit_once('/').unwrap();
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(g, v, obj["kind"].as_str().unwrap()));
+    (
+        Api::namespaced_with(client.clone(), ns, &ar),
+        obj["metadata"]["name"].as_str().unwrap().into(),
+    )
+}
+
+/// resourceVersion of every rendered object, keyed by `Kind/name`.
+async fn versions(client: &kube::Client, bc: &BootsmanCluster, ns: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for obj in render(bc, &OperatorSettings::default()) {
+        let (api, name) = dynamic_api(client, &obj, ns);
+        if let Some(o) = api.get_opt(&name).await.unwrap() {
+            out.insert(
+                format!("{}/{name}", obj["kind"].as_str().unwrap()),
+                o.resource_version().unwrap(),
+            );
+        }
+    }
+    out
+}
+
+async fn all_rendered_exist(client: &kube::Client, bc: &BootsmanCluster, ns: &str) -> bool {
+    versions(client, bc, ns).await.len() == render(bc, &OperatorSettings::default()).len()
+}
+
+async fn wait_condition(
+    api: &Api<BootsmanCluster>,
+    name: &str,
+    type_: &str,
+    status: &str,
+) -> BootsmanCluster {
+    until(&format!("{type_}={status}"), WAIT, || {
+        let api = api.clone();
+        let name = name.to_string();
+        let type_ = type_.to_string();
+        let status = status.to_string();
+        async move {
+            let bc = api.get(&name).await.ok()?;
+            let c = bc.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)?;
+            (c.status == status && bc.status.as_ref()?.observed_generation == bc.metadata.generation)
+                .then_some(bc)
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn sample_is_applied_reapplied_without_writes_scaled_and_deleted() {
+    let env = env().await;
+    let ns = env.create_namespace("op-sample").await;
+    let client = env.client().await;
+    let op = Operator::start(env, &ns).await;
+    let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
+    let bc = api.create(&PostParams::default(), &sample(&ns)).await.unwrap();
+
+    // Every rendered object is accepted and stored.
+    until("every rendered object exists", WAIT, || {
+        let (client, bc, ns) = (client.clone(), bc.clone(), ns.clone());
+        async move { all_rendered_exist(&client, &bc, &ns).await.then_some(()) }
+    })
+    .await;
+    let bc = wait_condition(&api, "demo", "HostsAvailable", "False").await;
+    let c = bc
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "HostsAvailable")
+        .unwrap();
+    assert!(
+        c.message.contains("control-plane: 3 more host(s) needed"),
+        "{}",
+        c.message
+    );
+    assert!(
+        c.message.contains("workers/default: 3 more host(s) needed"),
+        "{}",
+        c.message
+    );
+    let cluster = Api::<Cluster>::namespaced(client.clone(), &ns)
+        .get("demo")
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster.labels().get("bootsman.io/addons").map(String::as_str),
+        Some("demo")
+    );
+    assert_eq!(cluster.owner_references()[0].kind, "BootsmanCluster");
+
+    // Reapplying the same spec (and several resyncs triggered by host events) writes nothing.
+    let before = versions(&client, &bc, &ns).await;
+    let patch = json!({"spec": bc.spec});
+    api.patch(
+        "demo",
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(&json!({
+            "apiVersion": "bootsman.io/v1alpha1", "kind": "BootsmanCluster",
+            "metadata": {"name": "demo"}, "spec": patch["spec"],
+        })),
+    )
+    .await
+    .unwrap();
+    // The reapply itself records the `test` manager; from then on nothing may write.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let bc_rv = api.get("demo").await.unwrap().resource_version();
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), &ns);
+    for i in 0..3 {
+        let mut h = ByoHost::new(&format!("noise-{i}"), ByoHostSpec::default());
+        h.metadata.labels = Some(BTreeMap::from([("role".into(), "none".into())]));
+        hosts.create(&PostParams::default(), &h).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert_eq!(
+        versions(&client, &bc, &ns).await,
+        before,
+        "rendered objects were rewritten"
+    );
+    let after_bc = api.get("demo").await.unwrap();
+    assert_eq!(
+        after_bc.resource_version(),
+        bc_rv,
+        "the BootsmanCluster was written again"
+    );
+    let rv_stable = after_bc.resource_version();
+
+    // 3 → 5 control plane and 3 → 4 workers: only KCP and MachineDeployment change.
+    api.patch("demo", &PatchParams::default(), &Patch::Merge(&json!({"spec": {
+        "controlPlane": {"replicas": 5},
+        "workers": [{"name": "default", "replicas": 4, "hostSelector": {"matchLabels": {"role": "worker"}}}],
+    }}))).await.unwrap();
+    assert_ne!(api.get("demo").await.unwrap().resource_version(), rv_stable);
+    let kcps: Api<KubeadmControlPlane> = Api::namespaced(client.clone(), &ns);
+    let mds: Api<MachineDeployment> = Api::namespaced(client.clone(), &ns);
+    until("scaled replicas", WAIT, || {
+        let (kcps, mds) = (kcps.clone(), mds.clone());
+        async move {
+            let k = kcps.get("demo-control-plane").await.ok()?;
+            let m = mds.get("demo-default").await.ok()?;
+            (k.spec.replicas == Some(5) && m.spec.replicas == Some(4)).then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let scaled = versions(&client, &bc, &ns).await;
+    for (k, rv) in &before {
+        let changed = scaled.get(k) != Some(rv);
+        let expect = k == "KubeadmControlPlane/demo-control-plane" || k == "MachineDeployment/demo-default";
+        assert_eq!(changed, expect, "{k}: changed={changed}");
+    }
+    let k = kcps.get("demo-control-plane").await.unwrap();
+    assert_eq!(k.spec.version, "v1.33.4");
+    let managers: Vec<_> = k
+        .managed_fields()
+        .iter()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert_eq!(managers, ["bootsman-operator"]);
+
+    // Deletion removes the CAPI Cluster, then (by ownerReferences, garbage collection) every
+    // rendered object, then the BootsmanCluster itself.
+    api.delete("demo", &DeleteParams::default()).await.unwrap();
+    until("BootsmanCluster gone", WAIT, || {
+        let api = api.clone();
+        async move { api.get_opt("demo").await.unwrap().is_none().then_some(()) }
+    })
+    .await;
+    until("rendered objects gone", WAIT, || {
+        let (client, bc, ns) = (client.clone(), bc.clone(), ns.clone());
+        async move { versions(&client, &bc, &ns).await.is_empty().then_some(()) }
+    })
+    .await;
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn a_rule_only_the_operator_checks_stalls_without_applying() {
+    let env = env().await;
+    let ns = env.create_namespace("op-stall").await;
+    let client = env.client().await;
+    let op = Operator::start(env, &ns).await;
+    let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
+    let mut bc = sample(&ns);
+    bc.spec.control_plane.endpoint.host = "10.96.0.1".into(); // inside serviceCIDR
+    api.create(&PostParams::default(), &bc).await.unwrap();
+    let got = wait_condition(&api, "demo", "Stalled", "True").await;
+    let st = got.status.unwrap();
+    let c = st.conditions.iter().find(|c| c.type_ == "Stalled").unwrap();
+    assert!(
+        c.message.contains("rule: endpoint-outside-cluster-networks"),
+        "{}",
+        c.message
+    );
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "False")
+    );
+    assert!(
+        Api::<Cluster>::namespaced(client.clone(), &ns)
+            .get_opt("demo")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<KubeadmControlPlane>::namespaced(client.clone(), &ns)
+            .get_opt("demo-control-plane")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    api.delete("demo", &DeleteParams::default()).await.unwrap();
+    op.stop().await;
+}
+
+#[tokio::test]
+async fn cel_refuses_invalid_specs_with_our_messages() {
+    let env = env().await;
+    let ns = env.create_namespace("op-cel").await;
+    let api: Api<BootsmanCluster> = Api::namespaced(env.client().await, &ns);
+    type Breaks = Box<dyn Fn(&mut BootsmanCluster)>;
+    let cases: Vec<(&str, Breaks)> = vec![
+        (
+            "control-plane-replicas-3-or-5",
+            Box::new(|b| b.spec.control_plane.replicas = 4),
+        ),
+        (
+            "worker-replicas-min-3",
+            Box::new(|b| b.spec.workers[0].replicas = 2),
+        ),
+        (
+            "worker-pool-names-unique",
+            Box::new(|b| {
+                let w = b.spec.workers[0].clone();
+                b.spec.workers.push(w)
+            }),
+        ),
+    ];
+    for (rule, f) in cases {
+        let mut bc = sample(&ns);
+        f(&mut bc);
+        let err = api.create(&PostParams::default(), &bc).await.unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("rule: {rule}")),
+            "{rule}: {err}"
+        );
+    }
+}
