@@ -9,6 +9,7 @@ mod common;
 mod site;
 
 use bootsman_api::condition::types;
+use bootsman_api::v1beta1::HostPhase;
 use common::{Pool, eventually, read, wait_condition};
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -93,5 +94,22 @@ async fn machine_deleted_host_cleaned_and_claimable_again() {
         (claimed && done).then_some(())
     })
     .await;
+
+    // SIGKILL: once the Lease lapses the provider marks the host Offline; a restart brings it
+    // back, still provisioned for mb, without running mb's bootstrap again.
+    host.kill();
+    let phase = |want: HostPhase| {
+        let hosts = pool.hosts();
+        async move {
+            eventually(&format!("phase {want:?}"), || async {
+                let h = hosts.get("e2e-host").await.ok()?;
+                (h.status.and_then(|s| s.phase) == Some(want)).then_some(())
+            })
+            .await
+        }
+    };
+    phase(HostPhase::Offline).await;
+    host.start(&["role=a"]);
+    phase(HostPhase::Provisioned).await;
     site.stop().await;
 }
