@@ -3,6 +3,8 @@
 //! systemd unit. Also checks that the flags file shipped in the packages names only flags the
 //! agent accepts.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -3,6 +3,8 @@
 //! installed chart's ServiceAccounts get from the real API server exactly what their component
 //! needs and are refused what it does not.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

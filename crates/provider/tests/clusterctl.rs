@@ -3,6 +3,8 @@
 //! contract in `metadata.yaml`, and, with the variables filled in, objects that the real API
 //! server (with the CAPI CRDs and webhooks) accepts.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::PathBuf;

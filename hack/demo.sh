@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# The local demo: a Bootsman infrastructure cluster on this machine, with simulated hosts.
+#
+#   hack/demo.sh          run the demo, print what it reached, stop everything
+#   hack/demo.sh --keep   leave it running until Ctrl-C, to explore with kubectl
+#   hack/demo.sh --short  the same with a shorter wait (what CI runs)
+#
+# It starts the real control plane of the test environment (etcd, kube-apiserver,
+# kube-controller-manager and the Cluster API core, kubeadm bootstrap and kubeadm control-plane
+# managers) on loopback, installs charts/bootsman with Helm, runs bootsman-provider and
+# bootsman-operator with the chart's ServiceAccount tokens, enrols 8 byoh-agent processes as
+# simulated hosts (3 control-plane, 5 workers; each with --root in its own folder, a one-time
+# token from `bootsmanctl hosts token`, and a stand-in kubeadm that records its arguments), then
+# applies config/samples/bootsmancluster.yaml and shows the progress.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO="$PWD"
+
+keep=0 wait_secs=240
+for a in "$@"; do
+  case "$a" in
+    --keep) keep=1 ;;
+    --short) wait_secs=120 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "unknown argument $a (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+DEMO="${BOOTSMAN_DEMO_DIR:-$(mktemp -d /tmp/bootsman-demo.XXXXXX)}"
+mkdir -p "$DEMO/logs"
+PIDS=()
+cleanup() {
+  say "stopping (logs stay in $DEMO/logs)"
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "control-plane binaries and Bootsman binaries"
+hack/testbin >/dev/null
+BIN="$(hack/testbin --print-dir)/bin"
+export PATH="$BIN:$PATH"
+cargo build --quiet --locked -p bootsman-testenv -p bootsman-provider -p bootsman-operator -p byoh-agent -p bootsmanctl --bins
+T="$REPO/target/debug"
+
+say "control plane (etcd, kube-apiserver, kube-controller-manager, Cluster API managers)"
+"$T/testenv" up --capi >"$DEMO/logs/testenv.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 300); do
+  grep -q "control plane ready" "$DEMO/logs/testenv.log" && break
+  kill -0 "${PIDS[0]}" 2>/dev/null || { cat "$DEMO/logs/testenv.log"; echo "the control plane did not start" >&2; exit 1; }
+  sleep 1
+done
+grep -q "control plane ready" "$DEMO/logs/testenv.log" || { echo "the control plane did not start in 300 s" >&2; exit 1; }
+export KUBECONFIG="$(sed -n 's/^  export KUBECONFIG=//p' "$DEMO/logs/testenv.log")"
+SERVER="$(kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')"
+echo "    API server $SERVER, KUBECONFIG=$KUBECONFIG"
+
+say "helm install bootsman charts/bootsman (CRDs are already installed by the test environment)"
+helm install bootsman charts/bootsman --namespace bootsman-system --create-namespace --skip-crds >"$DEMO/logs/helm.log"
+kubectl -n bootsman-system get serviceaccounts,clusterrolebindings -l app.kubernetes.io/part-of=bootsman --no-headers 2>/dev/null | sed 's/^/    /' || true
+
+# A kubeconfig with a token of the chart's ServiceAccount: the controllers get exactly the
+# chart's RBAC, as they would in a Pod.
+sa_kubeconfig() {
+  local sa=$1 out="$DEMO/$1.kubeconfig"
+  local token ca
+  token="$(kubectl -n bootsman-system create token "$sa" --duration 24h)"
+  ca="$(kubectl config view --raw --minify --flatten -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
+  cat >"$out" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: demo, cluster: {server: "$SERVER", certificate-authority-data: "$ca"}}]
+users: [{name: $sa, user: {token: "$token"}}]
+contexts: [{name: $sa, context: {cluster: demo, user: $sa}}]
+current-context: $sa
+KC
+  echo "$out"
+}
+
+say "bootsman-provider and bootsman-operator with the chart's ServiceAccount tokens"
+KUBECONFIG="$(sa_kubeconfig bootsman-provider)" POD_NAMESPACE=bootsman-system \
+  "$T/bootsman-provider" --metrics-bind-address 127.0.0.1:18080 --release-timeout 2m \
+  >"$DEMO/logs/provider.log" 2>&1 &
+PIDS+=($!)
+KUBECONFIG="$(sa_kubeconfig bootsman-operator)" POD_NAMESPACE=bootsman-system \
+  "$T/bootsman-operator" --metrics-bind-address 127.0.0.1:18081 \
+  >"$DEMO/logs/operator.log" 2>&1 &
+PIDS+=($!)
+echo "    metrics: http://127.0.0.1:18080/metrics (provider), http://127.0.0.1:18081/metrics (operator)"
+
+say "8 simulated hosts enrol with one-time tokens (bootsmanctl hosts token)"
+for i in 1 2 3 4 5 6 7 8; do
+  name="host-$i"
+  role=worker; ((i <= 3)) && role=control-plane
+  dir="$DEMO/hosts/$name"
+  mkdir -p "$dir/root/etc" "$dir/root/usr/bin" "$dir/state"
+  printf 'ID=debian\nPRETTY_NAME="Simulated host (Bootsman demo)"\n' >"$dir/root/etc/os-release"
+  printf '%032x\n' "$i" >"$dir/root/etc/machine-id"
+  printf 'root:x:0:0:root:/root:/bin/sh\n' >"$dir/root/etc/passwd"
+  printf 'root:x:0:\n' >"$dir/root/etc/group"
+  # The stand-in kubeadm records how the bootstrap data called it; a real host runs kubeadm.
+  cat >"$dir/root/usr/bin/kubeadm" <<'SH'
+#!/bin/sh
+echo "kubeadm $*" >> "${BYOH_ROOT:-}/var/log/kubeadm-calls.log"
+SH
+  chmod +x "$dir/root/usr/bin/kubeadm"
+  mkdir -p "$dir/root/var/log"
+  "$T/bootsmanctl" hosts token --namespace default --name "$name" --ttl 30m >"$dir/bootstrap-kubeconfig"
+  "$T/byoh-agent" --namespace default --name "$name" --label "role=$role" \
+    --bootstrap-kubeconfig "$dir/bootstrap-kubeconfig" --kubeconfig "$dir/state/kubeconfig" \
+    --root "$dir/root" --state-dir "$dir/state" --heartbeat-interval 5s \
+    --metrics-bind-address "127.0.0.1:$((19440 + i))" --log-format json \
+    >"$DEMO/logs/$name.log" 2>&1 &
+  PIDS+=($!)
+done
+for _ in $(seq 1 90); do
+  n="$(kubectl -n default get byohosts --no-headers 2>/dev/null | wc -l)"
+  ((n >= 8)) && break
+  sleep 1
+done
+kubectl -n default get byohosts -L role
+
+say "kubectl apply -f config/samples/bootsmancluster.yaml (3 control-plane, 3 workers)"
+kubectl apply -f config/samples/bootsmancluster.yaml
+
+say "progress (up to ${wait_secs}s)"
+last=""
+for ((t = 0; t < wait_secs; t += 3)); do
+  machines="$(kubectl -n default get machines --no-headers 2>/dev/null | wc -l)"
+  bound="$(kubectl -n default get byohosts -o jsonpath='{range .items[?(@.spec.machineRef)]}{.metadata.name}{"\n"}{end}' 2>/dev/null | grep -c . || true)"
+  done_="$(kubectl -n default get byohosts -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="BootstrapSucceeded")].status}{"\n"}{end}' 2>/dev/null | grep -c True || true)"
+  provisioned="$(kubectl -n default get machines -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c Provisioned || true)"
+  line="machines ${machines}, hosts claimed ${bound}/8, bootstrap executed on ${done_}, machines Provisioned ${provisioned}"
+  [[ "$line" != "$last" ]] && printf '    [%3ss] %s\n' "$t" "$line" && last="$line"
+  # Everything a simulated site can reach: see README, "What the demo's hosts do not do".
+  if ((machines > 0 && provisioned == bound && bound > 0 && done_ == bound)) && ((t > 30)); then break; fi
+  sleep 3
+done
+
+say "where it got"
+kubectl -n default get bootsmanclusters,clusters,kubeadmcontrolplanes,machinedeployments,machines 2>&1 | sed 's/^/    /'
+kubectl -n default get byohosts -L role 2>&1 | sed 's/^/    /'
+echo
+echo "    BootsmanCluster conditions:"
+kubectl -n default get bootsmancluster demo -o jsonpath='{range .status.conditions[*]}      {.type}={.status} {.reason}: {.message}{"\n"}{end}' 2>&1 || true
+for h in "$DEMO"/hosts/*; do
+  [[ -s "$h/root/var/log/kubeadm-calls.log" ]] && echo "    $(basename "$h"): $(tail -1 "$h/root/var/log/kubeadm-calls.log")"
+done
+
+# What a simulated site reaches (README, "What the demo's hosts do not do"): every host enrols,
+# the first control-plane Machine is bound to a host that runs its `kubeadm init` bootstrap data.
+# The rest waits on a workload API server that simulated hosts cannot start.
+ok=1
+enrolled="$(kubectl -n default get byohosts --no-headers 2>/dev/null | wc -l)"
+((enrolled == 8)) || { echo "    FAILED: $enrolled of 8 hosts enrolled" >&2; ok=0; }
+((bound >= 1 && done_ == bound)) || { echo "    FAILED: no Machine bound to a host with its bootstrap data executed" >&2; ok=0; }
+owners="$(kubectl -n default get byohosts -o jsonpath='{range .items[?(@.spec.machineRef)]}{.spec.machineRef.name}{"\n"}{end}' | sort)"
+[[ "$(uniq <<<"$owners")" == "$owners" ]] || { echo "    FAILED: a machine holds two hosts" >&2; ok=0; }
+
+cat <<TXT
+
+Explore (while it runs):
+  export KUBECONFIG=$KUBECONFIG PATH=$BIN:\$PATH
+  kubectl get bootsmanclusters,machines,byohosts -A
+  kubectl describe bootsmancluster demo
+  ls $DEMO/hosts/host-1/root        # what a host's bootstrap wrote
+  tail -f $DEMO/logs/provider.log
+TXT
+
+if ((keep)); then
+  say "running until Ctrl-C"
+  wait "${PIDS[0]}"
+fi
+((ok)) || exit 1
