@@ -360,3 +360,63 @@ async fn cel_refuses_invalid_specs_with_our_messages() {
         );
     }
 }
+
+/// Creates a ByoHost `name` with `labels` that reports itself `Available`.
+async fn available_host(client: &kube::Client, ns: &str, name: &str, role: &str) {
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns);
+    let mut h = ByoHost::new(name, ByoHostSpec::default());
+    h.metadata.labels = Some(BTreeMap::from([("role".into(), role.into())]));
+    hosts.create(&PostParams::default(), &h).await.unwrap();
+    hosts
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"phase": "Available"}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_short_pool_reports_the_missing_hosts_per_role_and_then_enough() {
+    let env = env().await;
+    let ns = env.create_namespace("op-short").await;
+    let client = env.client().await;
+    for i in 0..2 {
+        available_host(&client, &ns, &format!("cp-{i}"), "control-plane").await;
+    }
+    for i in 0..3 {
+        available_host(&client, &ns, &format!("w-{i}"), "worker").await;
+    }
+    // A host in maintenance does not count.
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), &ns);
+    let mut m = ByoHost::new(
+        "cp-maint",
+        ByoHostSpec {
+            maintenance: Some(true),
+            ..Default::default()
+        },
+    );
+    m.metadata.labels = Some(BTreeMap::from([("role".into(), "control-plane".into())]));
+    hosts.create(&PostParams::default(), &m).await.unwrap();
+
+    let op = Operator::start(env, &ns).await;
+    let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &sample(&ns)).await.unwrap();
+    let bc = wait_condition(&api, "demo", "HostsAvailable", "False").await;
+    let c = bc
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "HostsAvailable")
+        .unwrap();
+    assert_eq!(c.reason, "NotEnoughHosts");
+    assert_eq!(c.message, "control-plane: 1 more host(s) needed", "{}", c.message);
+
+    // One more free control-plane host: the watch on ByoHosts updates the condition.
+    available_host(&client, &ns, "cp-2", "control-plane").await;
+    wait_condition(&api, "demo", "HostsAvailable", "True").await;
+    op.stop().await;
+}
