@@ -47,15 +47,9 @@ pub async fn reconcile(bc: Arc<ByoCluster>, ctx: Arc<Context>) -> Result<Action>
         .iter()
         .find(|o| o.kind == "Cluster" && o.api_version.starts_with("cluster.x-k8s.io/"))
         .cloned();
-    let cluster = match &owner {
-        Some(o) => Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
-            .get_opt(&o.name)
-            .await
-            .map_err(kerr(format!("get Cluster {ns}/{}", o.name)))?,
-        None => None,
-    };
+    let cluster = owner.as_ref().and_then(|o| ctx.cluster(&ns, &o.name));
     let mut status = bc.status.clone().unwrap_or_default();
-    if let Some(reason) = paused(cluster.as_ref(), bc.as_ref()) {
+    if let Some(reason) = paused(cluster.as_deref(), bc.as_ref()) {
         set(&mut status, &bc, types::PAUSED, Status::True, "Paused", reason);
         write_status(&api, &bc, status).await?;
         return Ok(Action::await_change());
@@ -80,7 +74,7 @@ pub fn error_policy(bc: Arc<ByoCluster>, err: &Error, ctx: Arc<Context>) -> Acti
 async fn apply(
     bc: Arc<ByoCluster>,
     ctx: &Context,
-    cluster: Option<Cluster>,
+    cluster: Option<Arc<Cluster>>,
     mut status: ByoClusterStatus,
 ) -> Result<Action> {
     let ns = bc.namespace().unwrap_or_default();

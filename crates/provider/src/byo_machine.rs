@@ -50,37 +50,32 @@ pub const STATUS_MANAGER: &str = "bootsman-provider/status";
 /// Reconciles one ByoMachine.
 pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
-    // Claims are decided from the pool index; an index that has not listed yet would hide the
-    // host this machine already holds.
-    let _ = ctx.hosts.wait_until_ready().await;
+    // The stores have listed before the controllers start (see `crate::run`).
+    if ctx.is_stale(&bm) {
+        return Ok(Action::await_change());
+    }
     let ns = bm
         .namespace()
         .ok_or_else(|| Error::Invalid("ByoMachine without namespace".into()))?;
     let api: Api<ByoMachine> = Api::namespaced(ctx.client.clone(), &ns);
 
-    let machine = owner_machine(&bm, &ctx, &ns).await?;
-    let cluster = match &machine {
-        Some(m) => Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
-            .get_opt(&m.spec.cluster_name)
-            .await
-            .map_err(kerr(format!("get Cluster {ns}/{}", m.spec.cluster_name)))?,
-        None => None,
-    };
+    let machine = ctx.owner_machine(&bm);
+    let cluster = machine
+        .as_ref()
+        .and_then(|m| ctx.cluster(&ns, &m.spec.cluster_name));
     let mut status = bm.status.clone().unwrap_or_default();
-    if let Some(reason) = paused(cluster.as_ref(), bm.as_ref()) {
+    if let Some(reason) = paused(cluster.as_deref(), bm.as_ref()) {
         set(&mut status, &bm, types::PAUSED, Status::True, "Paused", reason);
         write_status(&api, &bm, status, &ctx).await?;
         return Ok(Action::await_change());
     }
+    // Not paused: recorded with the next status write of `apply`, not on its own.
     set(&mut status, &bm, types::PAUSED, Status::False, "NotPaused", "");
-    if status != bm.status.clone().unwrap_or_default() {
-        write_status(&api, &bm, status, &ctx).await?;
-    }
 
     let c = ctx.clone();
     finalizer(&api, FINALIZER, bm, |event| async move {
         match event {
-            FinalizerEvent::Apply(bm) => apply(bm, &c, machine, cluster).await,
+            FinalizerEvent::Apply(bm) => apply(bm, &c, machine, cluster, status).await,
             FinalizerEvent::Cleanup(bm) => release::cleanup(bm, &c).await,
         }
     })
@@ -96,13 +91,13 @@ pub fn error_policy(bm: Arc<ByoMachine>, err: &Error, ctx: Arc<Context>) -> Acti
 async fn apply(
     bm: Arc<ByoMachine>,
     ctx: &Context,
-    machine: Option<Machine>,
-    cluster: Option<Cluster>,
+    machine: Option<Arc<Machine>>,
+    cluster: Option<Arc<Cluster>>,
+    mut status: ByoMachineStatus,
 ) -> Result<Action> {
     let ns = bm.namespace().unwrap_or_default();
     let api: Api<ByoMachine> = Api::namespaced(ctx.client.clone(), &ns);
     let me = ObjectRef::from_obj(bm.as_ref());
-    let mut status = bm.status.clone().unwrap_or_default();
     let provisioned = status.initialization.as_ref().and_then(|i| i.provisioned) == Some(true);
 
     let wait = |status: &mut ByoMachineStatus, reason: &str, message: String| {
@@ -186,12 +181,14 @@ async fn apply(
             "metadata": {"annotations": {labels::CLUSTERCTL_BLOCK_MOVE: null}},
             "spec": {"providerID": provider_id},
         });
-        api.patch(&bm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        let written = api
+            .patch(&bm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kerr(format!(
                 "set providerID of ByoMachine {ns}/{}",
                 bm.name_any()
             )))?;
+        ctx.note_written(&written);
     }
 
     status.addresses = addresses(&host);
@@ -245,21 +242,6 @@ async fn apply(
     }
     write_status(&api, &bm, status, ctx).await?;
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
-}
-
-/// The CAPI Machine that owns this ByoMachine.
-async fn owner_machine(bm: &ByoMachine, ctx: &Context, ns: &str) -> Result<Option<Machine>> {
-    let Some(owner) = bm
-        .owner_references()
-        .iter()
-        .find(|o| o.kind == "Machine" && o.api_version.starts_with("cluster.x-k8s.io/"))
-    else {
-        return Ok(None);
-    };
-    Api::<Machine>::namespaced(ctx.client.clone(), ns)
-        .get_opt(&owner.name)
-        .await
-        .map_err(kerr(format!("get Machine {ns}/{}", owner.name)))
 }
 
 /// Why reconciliation is paused, if it is.
@@ -327,9 +309,22 @@ pub async fn write_status(
     if old == status {
         return Ok(());
     }
+    // One Event per transition that says something new: `Paused` is not announced, a claim has
+    // its own `HostClaimed` Event, and `Ready` is announced only when its reason is not the one
+    // of the condition it mirrors.
+    let mirrored = |c: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition| {
+        c.type_ == types::READY
+            && status
+                .conditions
+                .iter()
+                .any(|o| o.type_ != types::READY && o.type_ != types::PAUSED && o.reason == c.reason)
+    };
     for c in &status.conditions {
         let before = conditions::get(&old.conditions, &c.type_);
-        if c.type_ != types::PAUSED && before.is_none_or(|b| b.status != c.status || b.reason != c.reason) {
+        let announced = c.type_ != types::PAUSED
+            && !(c.type_ == types::HOST_ASSIGNED && c.status == "True")
+            && !mirrored(c);
+        if announced && before.is_none_or(|b| b.status != c.status || b.reason != c.reason) {
             let warning = c.status == "False"
                 && matches!(
                     c.reason.as_str(),
@@ -344,8 +339,9 @@ pub async fn write_status(
         }
     }
     let body = ssa::body::<ByoMachine>(&bm.name_any(), None, json!({"status": status}));
-    ssa::apply_status(api, STATUS_MANAGER, &bm.name_any(), &body)
+    let written = ssa::apply_status(api, STATUS_MANAGER, &bm.name_any(), &body)
         .await
         .map_err(kerr(format!("write status of ByoMachine {}", bm.name_any())))?;
+    ctx.note_written(&written);
     Ok(())
 }

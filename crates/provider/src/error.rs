@@ -44,11 +44,34 @@ impl Error {
     }
 }
 
+/// The pause after a lost optimistic-concurrency race: 50 ms plus a random share of 200 ms, so
+/// the writers that collided do not collide again on the next attempt.
+pub fn conflict_backoff() -> std::time::Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    std::time::Duration::from_millis(50 + random % 200)
+}
+
+/// Whether the error only says that a step must wait (not a failure).
+pub fn is_waiting(err: &Error) -> bool {
+    use kube::runtime::finalizer::Error as F;
+    match err {
+        Error::Waiting { .. } => true,
+        Error::Finalizer(inner) => matches!(
+            inner.as_ref(),
+            F::ApplyFailed(e) | F::CleanupFailed(e) if is_waiting(e)
+        ),
+        _ => false,
+    }
+}
+
 /// How soon a failed reconcile should be retried, for errors that say so.
 pub fn retry_after(err: &Error) -> Option<std::time::Duration> {
     use kube::runtime::finalizer::Error as F;
     match err {
-        Error::Conflict(_) => Some(std::time::Duration::from_millis(100)),
+        Error::Conflict(_) => Some(conflict_backoff()),
         Error::Waiting { after, .. } => Some(*after),
         Error::Finalizer(inner) => match inner.as_ref() {
             F::ApplyFailed(e) | F::CleanupFailed(e) => retry_after(e),
@@ -57,7 +80,7 @@ pub fn retry_after(err: &Error) -> Option<std::time::Duration> {
             F::AddFinalizer(kube::Error::Api(s)) | F::RemoveFinalizer(kube::Error::Api(s))
                 if s.code == 409 || s.code == 422 =>
             {
-                Some(std::time::Duration::from_millis(100))
+                Some(conflict_backoff())
             }
             _ => None,
         },

@@ -1,8 +1,8 @@
 //! # bootsman-provider
 //!
 //! The Cluster API infrastructure provider for a pool of bare-metal hosts. It runs three
-//! controllers over one in-memory pool index (reflector stores of ByoHosts and their heartbeat
-//! Leases):
+//! controllers over one in-memory index (shared reflector stores of ByoHosts, their heartbeat
+//! Leases, ByoMachines, CAPI Machines and Clusters, each watched once):
 //!
 //! - [`byo_cluster`]: ByoCluster → provisioned endpoint and failure domains;
 //! - [`byo_machine`]: ByoMachine → a claimed host, its bootstrap data, `providerID`, and the
@@ -23,8 +23,12 @@ pub mod host_health;
 pub mod metrics;
 pub mod pool;
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
+
+use anyhow::Context as _;
 
 use bootsman_api::capi::{Cluster, Machine};
 use bootsman_api::labels;
@@ -32,7 +36,7 @@ use bootsman_api::v1beta1::{ByoCluster, ByoHost, ByoMachine};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 pub use config::{Config, SharedPool};
@@ -52,8 +56,66 @@ where
     }
 }
 
+/// How long a client of the provider waits for a response before the request fails.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the API server keeps one watch request open: shorter than [`READ_TIMEOUT`], so a
+/// quiet watch is renewed before the client gives up on it.
+pub const WATCH_TIMEOUT_SECS: u32 = 45;
+
+/// Objects a shared reflector buffers for its slowest subscriber before it waits for it.
+const SHARED_BUFFER: usize = 4096;
+
+/// ByoMachine reconciles in flight at once. Each is a handful of round trips; more would only
+/// queue at the API server and raise claim conflicts.
+const MACHINE_CONCURRENCY: u16 = 32;
+/// Host-health and ByoCluster reconciles in flight at once.
+const OTHER_CONCURRENCY: u16 = 8;
+/// Burst of triggers for one object folded into one reconcile.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+/// The same for host health: a claim and its bootstrap hand-over change a host twice within
+/// moments, and its phase is written once for both.
+const HEALTH_DEBOUNCE: Duration = Duration::from_millis(500);
+
+/// Starts a shared reflector of `K` (in `namespace`, or all): a task that keeps the returned
+/// store current and hands every change to the `N` returned subscriptions.
+fn shared<K, const N: usize>(
+    tasks: &mut tokio::task::JoinSet<()>,
+    client: &kube::Client,
+    namespace: Option<&str>,
+    config: &watcher::Config,
+) -> anyhow::Result<(reflector::Store<K>, [reflector::ReflectHandle<K>; N])>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store_shared::<K>(SHARED_BUFFER);
+    let mut subs = Vec::with_capacity(N);
+    for _ in 0..N {
+        subs.push(writer.subscribe().context("a shared store is subscribable")?);
+    }
+    let subs: [reflector::ReflectHandle<K>; N] = subs
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("subscriptions of a shared store"))?;
+    let stream = watcher(api::<K>(client, namespace), config.clone())
+        .default_backoff()
+        .reflect_shared(writer);
+    tasks.spawn(async move {
+        stream.for_each(|_| async {}).await;
+    });
+    Ok((store, subs))
+}
+
 /// Runs the controllers until `shutdown` resolves. Reconciles only while running; callers that
 /// use leader election start this once they lead and stop it when they lose the lease.
+///
+/// Every kind is watched once, by a shared reflector, and the controllers start only when every
+/// store has listed: a claim decided from an index that has not listed yet could miss the host a
+/// machine already holds.
 pub async fn run(
     client: kube::Client,
     config: Config,
@@ -68,28 +130,11 @@ pub async fn run(
     } else {
         None
     };
-    let mut filtered = watcher::Config::default();
+    let watch = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+    let mut filtered = watch.clone();
     if let Some(v) = &config.watch_filter {
         filtered = filtered.labels(&format!("cluster.x-k8s.io/watch-filter={v}"));
     }
-
-    let (hosts, hosts_writer) = reflector::store::<ByoHost>();
-    let host_stream = watcher(
-        api::<ByoHost>(&client, host_ns.as_deref()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(hosts_writer)
-    .applied_objects();
-    let (leases, leases_writer) = reflector::store::<Lease>();
-    let lease_stream = watcher(
-        api::<Lease>(&client, host_ns.as_deref()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(leases_writer)
-    .applied_objects();
-    let ctx = Context::new(client.clone(), config, hosts, leases, metrics);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -100,88 +145,121 @@ pub async fn run(
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    // ByoMachines: woken by their hosts, by free hosts arriving (while waiting), by their Machine
-    // (bootstrap data), and by their Cluster (pause, infrastructure).
-    let machines = Controller::new(api::<ByoMachine>(&client, ns.as_deref()), filtered.clone());
-    let bm_store = machines.store();
+    let mut reflectors = tokio::task::JoinSet::new();
+    let hns = host_ns.as_deref();
+    let (hosts, [host_events, host_events_health]) = shared(&mut reflectors, &client, hns, &watch)?;
+    let (leases, [lease_events]) = shared(&mut reflectors, &client, hns, &watch)?;
+    let (byomachines, [bm_events, bm_events_clusters]) =
+        shared(&mut reflectors, &client, ns.as_deref(), &filtered)?;
+    let (machines, [machine_events]) = shared(&mut reflectors, &client, ns.as_deref(), &watch)?;
+    let (clusters, [cluster_events, cluster_events_bc]) =
+        shared(&mut reflectors, &client, ns.as_deref(), &watch)?;
+
+    let stores = context::Stores {
+        hosts: hosts.clone(),
+        leases: leases.clone(),
+        byomachines: byomachines.clone(),
+        machines: machines.clone(),
+        clusters: clusters.clone(),
+    };
+    let listed = async {
+        tokio::try_join!(
+            hosts.wait_until_ready(),
+            leases.wait_until_ready(),
+            byomachines.wait_until_ready(),
+            machines.wait_until_ready(),
+            clusters.wait_until_ready(),
+        )
+        .map(|_| ())
+    };
+    tracing::info!("listing hosts, Leases, machines and clusters");
+    tokio::select! {
+        r = listed => r.context("a reflector stopped before its first list")?,
+        () = stopped(stop_rx.clone()) => {
+            reflectors.shutdown().await;
+            return Ok(());
+        }
+    }
+    let ctx = Context::new(client.clone(), config, stores, metrics);
+    let machine_cfg = controller::Config::default()
+        .concurrency(MACHINE_CONCURRENCY)
+        .debounce(DEBOUNCE);
+    let other_cfg = controller::Config::default()
+        .concurrency(OTHER_CONCURRENCY)
+        .debounce(DEBOUNCE);
+
+    // ByoMachines: woken by their hosts, by a host that becomes claimable (one waiting machine
+    // per such host), by their Machine (bootstrap data), and by their Cluster (pause,
+    // infrastructure).
     let c = ctx.clone();
-    let bm_store2 = bm_store.clone();
-    let machine_ctl = machines
-        .watches_stream(host_stream, move |host: ByoHost| {
-            let mut refs = c.waiting_machines();
+    let claimable = std::sync::Mutex::new(HashMap::<ObjectRef<ByoHost>, bool>::new());
+    let bm_for_clusters = byomachines.clone();
+    let machine_ctl = Controller::for_shared_stream(bm_events, byomachines.clone())
+        .with_config(machine_cfg)
+        .watches_shared_stream(host_events, move |host: Arc<ByoHost>| {
+            let mut refs = Vec::new();
             if let Some(r) = &host.spec.machine_ref {
                 refs.push(ObjectRef::new(&r.name).within(&r.namespace));
             }
+            let now = pool::unavailable(&host, c.is_fresh(&host)).is_none();
+            let before = claimable
+                .lock()
+                .ok()
+                .and_then(|mut m| m.insert(ObjectRef::from_obj(host.as_ref()), now));
+            if now && before != Some(true) {
+                refs.extend(c.take_waiting_for(&host));
+            }
             refs
         })
-        .watches(
-            api::<Machine>(&client, ns.as_deref()),
-            watcher::Config::default(),
-            |m: Machine| {
-                let ns = m.namespace()?;
-                (m.spec.infrastructure_ref.kind == "ByoMachine")
-                    .then(|| ObjectRef::new(&m.spec.infrastructure_ref.name).within(&ns))
-            },
-        )
-        .watches(
-            api::<Cluster>(&client, ns.as_deref()),
-            watcher::Config::default(),
-            move |cl: Cluster| {
-                let ns = cl.namespace().unwrap_or_default();
-                let name = cl.name_any();
-                bm_store2
-                    .state()
-                    .iter()
-                    .filter(|bm| {
-                        bm.namespace().as_deref() == Some(&ns)
-                            && bm.labels().get(labels::CLUSTER_NAME) == Some(&name)
-                    })
-                    .map(|bm| ObjectRef::from_obj(bm.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .watches_shared_stream(machine_events, |m: Arc<Machine>| {
+            let ns = m.namespace()?;
+            (m.spec.infrastructure_ref.kind == "ByoMachine")
+                .then(|| ObjectRef::new(&m.spec.infrastructure_ref.name).within(&ns))
+        })
+        .watches_shared_stream(cluster_events, move |cl: Arc<Cluster>| {
+            let ns = cl.namespace().unwrap_or_default();
+            let name = cl.name_any();
+            bm_for_clusters
+                .state()
+                .iter()
+                .filter(|bm| {
+                    bm.namespace().as_deref() == Some(&ns)
+                        && bm.labels().get(labels::CLUSTER_NAME) == Some(&name)
+                })
+                .map(|bm| ObjectRef::from_obj(bm.as_ref()))
+                .collect::<Vec<_>>()
+        })
         .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(byo_machine::reconcile, byo_machine::error_policy, ctx.clone())
         .for_each(|_| async {});
 
-    let clusters = Controller::new(api::<ByoCluster>(&client, ns.as_deref()), filtered);
-    let bm_for_clusters = bm_store.clone();
-    let cluster_ctl = clusters
-        .watches(
-            api::<Cluster>(&client, ns.as_deref()),
-            watcher::Config::default(),
-            |cl: Cluster| {
-                let ns = cl.namespace()?;
-                let r = cl.spec.infrastructure_ref?;
-                (r.kind == "ByoCluster").then(|| ObjectRef::new(&r.name).within(&ns))
-            },
-        )
-        .watches(
-            api::<ByoMachine>(&client, ns.as_deref()),
-            watcher::Config::default(),
-            move |bm: ByoMachine| {
-                // A deleting ByoCluster waits for its machines; their going wakes it.
-                let ns = bm.namespace()?;
-                let cluster = bm.labels().get(labels::CLUSTER_NAME)?.clone();
-                let _ = &bm_for_clusters;
-                Some(ObjectRef::new(&cluster).within(&ns))
-            },
-        )
+    let clusters_ctl = Controller::new(api::<ByoCluster>(&client, ns.as_deref()), filtered);
+    let cluster_ctl = clusters_ctl
+        .with_config(other_cfg.clone())
+        .watches_shared_stream(cluster_events_bc, |cl: Arc<Cluster>| {
+            let ns = cl.namespace()?;
+            let r = cl.spec.infrastructure_ref.clone()?;
+            (r.kind == "ByoCluster").then(|| ObjectRef::new(&r.name).within(&ns))
+        })
+        .watches_shared_stream(bm_events_clusters, |bm: Arc<ByoMachine>| {
+            // A deleting ByoCluster waits for its machines; their going wakes it.
+            let ns = bm.namespace()?;
+            let cluster = bm.labels().get(labels::CLUSTER_NAME)?.clone();
+            Some(ObjectRef::new(&cluster).within(&ns))
+        })
         .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(byo_cluster::reconcile, byo_cluster::error_policy, ctx.clone())
         .for_each(|_| async {});
 
-    let health_ctl = Controller::new(
-        api::<ByoHost>(&client, host_ns.as_deref()),
-        watcher::Config::default(),
-    )
-    .watches_stream(lease_stream, |lease: Lease| {
-        let ns = lease.namespace()?;
-        Some(ObjectRef::new(&lease.name_any()).within(&ns))
-    })
-    .graceful_shutdown_on(stopped(stop_rx.clone()))
-    .run(host_health::reconcile, host_health::error_policy, ctx.clone())
-    .for_each(|_| async {});
+    let health_ctl = Controller::for_shared_stream(host_events_health, hosts.clone())
+        .with_config(other_cfg.debounce(HEALTH_DEBOUNCE))
+        .watches_shared_stream(lease_events, |lease: Arc<Lease>| {
+            let ns = lease.namespace()?;
+            Some(ObjectRef::new(&lease.name_any()).within(&ns))
+        })
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
+        .run(host_health::reconcile, host_health::error_policy, ctx.clone())
+        .for_each(|_| async {});
 
     let gauge_ctx = ctx.clone();
     let mut gauge_stop = stop_rx.clone();
@@ -196,5 +274,6 @@ pub async fn run(
     };
     tracing::info!("bootsman-provider controllers running");
     tokio::join!(machine_ctl, cluster_ctl, health_ctl, gauges);
+    reflectors.shutdown().await;
     Ok(())
 }

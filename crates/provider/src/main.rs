@@ -85,11 +85,22 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// The client of the infrastructure cluster. A stalled connection fails the request after
+/// [`bootsman_provider::READ_TIMEOUT`] instead of hanging a reconcile forever; watches end on the
+/// server's side before that (see [`bootsman_provider::WATCH_TIMEOUT_SECS`]).
+async fn client() -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer().await?;
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config.read_timeout = Some(bootsman_provider::READ_TIMEOUT);
+    config.reset_reader_on_write = true;
+    Ok(kube::Client::try_from(config)?)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     bootsman_runtime::telemetry::init("info,kube=warn");
-    let client = kube::Client::try_default().await?;
+    let client = client().await?;
     let config = Config {
         namespace: args.namespace,
         watch_filter: args.watch_filter,

@@ -1,12 +1,17 @@
 //! The claim: binding one free host to one machine, race-free.
 //!
-//! Two writes, each guarded by `resourceVersion`:
+//! Each claim attempt is two writes, each guarded by `resourceVersion`:
 //! 1. the **intent** on the ByoMachine (annotation `infrastructure.cluster.x-k8s.io/byohost` =
-//!    `<namespace>/<host>`, plus `clusterctl.cluster.x-k8s.io/block-move`): serializes claims per
-//!    machine, so two provider replicas can never bind two hosts to one machine;
-//! 2. the **claim** on the ByoHost (`spec.machineRef`): serializes claims per host, so a host is
-//!    never bound to two machines. A conflict means another claim won: re-read and pick again
-//!    (unless the winner was this very machine).
+//!    `<namespace>/<host>`, a fresh `infrastructure.cluster.x-k8s.io/byohost-attempt` nonce, and
+//!    `clusterctl.cluster.x-k8s.io/block-move`): every attempt changes the machine, so of two
+//!    provider replicas attempting for one machine at once only one gets past this step;
+//! 2. the **claim** on the ByoHost (`spec.machineRef`), guarded by the host's version as seen
+//!    claimable: a host is never bound to two machines.
+//!
+//! An intent is abandoned only once its host can no longer be claimed by the writer of the
+//! intent (claimed by another machine, gone, or changed so that it is out of the pool): while
+//! the intended host is still free, every replica (the writer after a conflict too) renews the
+//! intent and claims that host, never another. So two hosts are never bound to one machine.
 //!
 //! Before choosing, the machine looks for a host it already holds (pool index by uid, then the
 //! intent), so a crash between the steps never claims twice.
@@ -25,6 +30,10 @@ use crate::pool::{self, Choice, Wanted};
 
 /// Annotation on a ByoMachine naming the host it is claiming or holds.
 pub const HOST_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/byohost";
+/// Annotation on a ByoMachine that changes with every claim attempt (see the module docs).
+pub const ATTEMPT_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/byohost-attempt";
+/// Claim attempts on one host before the reconcile gives up and is retried.
+const ATTEMPTS_PER_HOST: usize = 5;
 
 /// Outcome of [`ensure`].
 pub enum Claim {
@@ -41,13 +50,21 @@ pub enum Claim {
 
 /// Finds the host this machine holds, or claims one.
 pub async fn ensure(bm: &ByoMachine, ctx: &Context, machine: &Machine) -> Result<Claim> {
-    if let Some(host) = held(bm, ctx).await? {
-        return Ok(Claim::Held(Box::new(host)));
-    }
     let ns = bm.namespace().unwrap_or_default();
     let uid = bm.uid().unwrap_or_default();
     let pools = ctx.config.pools_for(&ns);
     let mut bm = bm.clone();
+    match lookup(&bm, ctx).await? {
+        Lookup::Held(host) => return Ok(Claim::Held(Box::new(host))),
+        Lookup::Intended(host) => {
+            // The intent may be another replica's claim in flight: finish it, do not replace it.
+            if let Some(claimed) = attempt(&mut bm, ctx, &host, &machine.spec.cluster_name).await? {
+                return Ok(claimed_event(&bm, ctx, claimed).await);
+            }
+            ctx.metrics.claim_conflicts.inc();
+        }
+        Lookup::Nothing => {}
+    }
     let mut tried: Vec<(Option<String>, String)> = Vec::new();
     for _attempt in 0..8 {
         let snapshot = ctx.hosts.state();
@@ -83,29 +100,26 @@ pub async fn ensure(bm: &ByoMachine, ctx: &Context, machine: &Machine) -> Result
             }
         };
         let key = |h: &ByoHost| (h.namespace(), h.name_any());
-        let Some(host) = candidates.iter().copied().find(|h| !tried.contains(&key(h))) else {
+        // Hosts another reconcile of this process is claiming are left to it.
+        let Some(host) = candidates
+            .iter()
+            .copied()
+            .find(|h| !tried.contains(&key(h)) && !ctx.is_being_claimed(h))
+            .or_else(|| candidates.iter().copied().find(|h| !tried.contains(&key(h))))
+        else {
             // Every candidate lost a race already; the index is catching up.
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             tried.clear();
             continue;
         };
         tried.push(key(host));
-        bm = write_intent(&bm, ctx, host).await?;
-        match claim_host(&bm, ctx, host, &machine.spec.cluster_name).await? {
-            Some(claimed) => {
-                ctx.metrics.claims.inc();
-                if let Some(created) = bm.metadata.creation_timestamp.as_ref() {
-                    let secs = Timestamp::now().duration_since(created.0).as_secs_f64();
-                    ctx.metrics.time_to_claim.observe(secs.max(0.0));
-                }
-                let note = format!(
-                    "claimed host {}/{}",
-                    claimed.namespace().unwrap_or_default(),
-                    claimed.name_any()
-                );
-                ctx.event(&bm, false, "HostClaimed", "Claim", note).await;
-                return Ok(Claim::Held(Box::new(claimed)));
-            }
+        ctx.start_claim(host);
+        let claimed = attempt(&mut bm, ctx, host, &machine.spec.cluster_name).await;
+        if claimed.is_err() {
+            ctx.forget_claim(host);
+        }
+        match claimed? {
+            Some(claimed) => return Ok(claimed_event(&bm, ctx, claimed).await),
             None => {
                 ctx.metrics.claim_conflicts.inc();
                 // Give the index a moment to learn about the winner before choosing again.
@@ -119,36 +133,129 @@ pub async fn ensure(bm: &ByoMachine, ctx: &Context, machine: &Machine) -> Result
     )))
 }
 
+/// Counts, times and announces a successful claim.
+async fn claimed_event(bm: &ByoMachine, ctx: &Context, claimed: ByoHost) -> Claim {
+    ctx.metrics.claims.inc();
+    if let Some(created) = bm.metadata.creation_timestamp.as_ref() {
+        let secs = Timestamp::now().duration_since(created.0).as_secs_f64();
+        ctx.metrics.time_to_claim.observe(secs.max(0.0));
+    }
+    let note = format!(
+        "claimed host {}/{}",
+        claimed.namespace().unwrap_or_default(),
+        claimed.name_any()
+    );
+    ctx.event(bm, false, "HostClaimed", "Claim", note).await;
+    Claim::Held(Box::new(claimed))
+}
+
+/// What the pool and the intent say about a machine's host.
+enum Lookup {
+    /// The host is bound to the machine.
+    Held(ByoHost),
+    /// The intent names this host, which is free: a claim of it may be in flight.
+    Intended(ByoHost),
+    /// Neither: the machine may choose.
+    Nothing,
+}
+
+/// Whether a host's spec lets it be claimed (its heartbeat aside: a claim in flight does not
+/// look at the Lease again, so neither may the decision to abandon it).
+fn free(host: &ByoHost) -> bool {
+    pool::unavailable(host, true).is_none()
+}
+
 /// The host bound to this machine, if any: the pool index first (by uid), then the host named
 /// by the intent annotation, read fresh (the index may not have seen our own claim yet).
 pub async fn held(bm: &ByoMachine, ctx: &Context) -> Result<Option<ByoHost>> {
+    Ok(match lookup(bm, ctx).await? {
+        Lookup::Held(h) => Some(h),
+        _ => None,
+    })
+}
+
+async fn lookup(bm: &ByoMachine, ctx: &Context) -> Result<Lookup> {
     let uid = bm.uid().unwrap_or_default();
     let ours = |h: &ByoHost| h.spec.machine_ref.as_ref().is_some_and(|r| r.uid == uid);
     if let Some(h) = ctx.hosts.find(|h| ours(h)) {
-        return Ok(Some(h.as_ref().clone()));
+        return Ok(Lookup::Held(h.as_ref().clone()));
     }
     let Some((ns, name)) = bm
         .annotations()
         .get(HOST_ANNOTATION)
         .and_then(|v| v.split_once('/'))
     else {
-        return Ok(None);
+        return Ok(Lookup::Nothing);
     };
     match Api::<ByoHost>::namespaced(ctx.client.clone(), ns).get(name).await {
-        Ok(h) if ours(&h) => Ok(Some(h)),
-        Ok(_) => Ok(None),
-        Err(e) if is_not_found(&e) => Ok(None),
+        Ok(h) if ours(&h) => Ok(Lookup::Held(h)),
+        Ok(h) if free(&h) => Ok(Lookup::Intended(h)),
+        Ok(_) => Ok(Lookup::Nothing),
+        Err(e) if is_not_found(&e) => Ok(Lookup::Nothing),
         Err(e) => Err(kerr(format!("get ByoHost {ns}/{name}"))(e)),
     }
 }
 
-/// Records which host this machine is about to claim (guarded by the machine's resourceVersion).
+/// Claims `host` for the machine: renews the intent, then writes the claim. While the host stays
+/// free after a lost write, tries it again (never another host: see the module docs). `None`
+/// once the host is claimed by another machine, gone, or out of the pool.
+async fn attempt(
+    bm: &mut ByoMachine,
+    ctx: &Context,
+    host: &ByoHost,
+    cluster: &str,
+) -> Result<Option<ByoHost>> {
+    let hns = host.namespace().unwrap_or_default();
+    let name = host.name_any();
+    let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &hns);
+    let uid = bm.uid().unwrap_or_default();
+    let mut host = host.clone();
+    for _ in 0..ATTEMPTS_PER_HOST {
+        *bm = write_intent(bm, ctx, &host).await?;
+        ctx.note_written(bm);
+        match claim_host(bm, &api, &host, cluster).await {
+            Ok(h) => return Ok(Some(h)),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
+                // Lost a race, unless the winner was this machine (another replica acting for it).
+                let current = match api.get(&name).await {
+                    Ok(h) => h,
+                    Err(e) if is_not_found(&e) => return Ok(None),
+                    Err(e) => return Err(kerr(format!("get ByoHost {hns}/{name}"))(e)),
+                };
+                if current.spec.machine_ref.as_ref().is_some_and(|r| r.uid == uid) {
+                    return Ok(Some(current));
+                }
+                if !free(&current) {
+                    return Ok(None);
+                }
+                host = current;
+            }
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(kerr(format!("claim ByoHost {hns}/{name}"))(e)),
+        }
+    }
+    Err(Error::Conflict(format!(
+        "claiming ByoHost {hns}/{name} for ByoMachine {}: it kept changing",
+        bm.name_any()
+    )))
+}
+
+/// Records which host this machine is about to claim (guarded by the machine's resourceVersion,
+/// and always a change, thanks to a fresh attempt nonce).
 async fn write_intent(bm: &ByoMachine, ctx: &Context, host: &ByoHost) -> Result<ByoMachine> {
+    use std::hash::{BuildHasher, Hasher};
     let ns = bm.namespace().unwrap_or_default();
     let value = format!("{}/{}", host.namespace().unwrap_or_default(), host.name_any());
+    let nonce = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     let patch = json!({"metadata": {
         "resourceVersion": bm.resource_version(),
-        "annotations": {HOST_ANNOTATION: value, labels::CLUSTERCTL_BLOCK_MOVE: "claiming a host"},
+        "annotations": {
+            HOST_ANNOTATION: value,
+            ATTEMPT_ANNOTATION: format!("{nonce:016x}"),
+            labels::CLUSTERCTL_BLOCK_MOVE: "claiming a host",
+        },
     }});
     Api::<ByoMachine>::namespaced(ctx.client.clone(), &ns)
         .patch(&bm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
@@ -159,16 +266,13 @@ async fn write_intent(bm: &ByoMachine, ctx: &Context, host: &ByoHost) -> Result<
         )))
 }
 
-/// Writes `spec.machineRef` on the host, guarded by the host's resourceVersion as the index saw
-/// it free. `None` when another claim won.
+/// Writes `spec.machineRef` on the host, guarded by the host's resourceVersion as seen free.
 async fn claim_host(
     bm: &ByoMachine,
-    ctx: &Context,
+    api: &Api<ByoHost>,
     host: &ByoHost,
     cluster: &str,
-) -> Result<Option<ByoHost>> {
-    let hns = host.namespace().unwrap_or_default();
-    let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &hns);
+) -> Result<ByoHost, kube::Error> {
     let patch = json!({
         "metadata": {
             "resourceVersion": host.resource_version(),
@@ -180,25 +284,6 @@ async fn claim_host(
             "uid": bm.uid(),
         }},
     });
-    match api
-        .patch(&host.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+    api.patch(&host.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
-    {
-        Ok(h) => Ok(Some(h)),
-        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
-            // Lost the race, unless the winner was this machine (another replica acting for it).
-            let current = api
-                .get(&host.name_any())
-                .await
-                .map_err(kerr(format!("get ByoHost {hns}/{}", host.name_any())))?;
-            let uid = bm.uid().unwrap_or_default();
-            Ok(current
-                .spec
-                .machine_ref
-                .as_ref()
-                .is_some_and(|r| r.uid == uid)
-                .then_some(current))
-        }
-        Err(e) => Err(kerr(format!("claim ByoHost {hns}/{}", host.name_any()))(e)),
-    }
 }
