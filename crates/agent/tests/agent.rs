@@ -329,6 +329,50 @@ async fn a_killed_bootstrap_resumes_without_repeating_finished_steps() {
     assert_eq!(read(&host.path("run/third.txt")), "x\n");
 }
 
+/// `GET path` on a loopback HTTP server; the status line and body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serves_livez_and_metrics() {
+    let pool = Pool::new("agent-metrics").await;
+    let mut host = pool.host("node-m");
+    let port = bootsman_testenv::free_port().unwrap();
+    host.metrics_bind_address = format!("127.0.0.1:{port}");
+    host.start(&[]);
+    wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
+    let addr = host.metrics_bind_address.clone();
+    assert!(http_get(&addr, "/livez").starts_with("HTTP/1.1 200"));
+    let metrics = common::eventually("a renewal counted", || async {
+        let m = http_get(&addr, "/metrics");
+        m.lines()
+            .any(|l| {
+                l.starts_with("bootsman_agent_heartbeat_renewals_total")
+                    || l.starts_with("agent_heartbeat_renewals_total")
+            })
+            .then_some(m)
+    })
+    .await;
+    for name in [
+        "heartbeat_failures_total",
+        "heartbeat_last_success_timestamp_seconds",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
+    }
+    let exit = host.terminate();
+    assert!(exit.success(), "{exit:?}");
+}
+
 fn run_agent(args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(common::agent_bin())
         .args(args)

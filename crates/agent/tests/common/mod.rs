@@ -148,6 +148,7 @@ impl Pool {
             state,
             kubeconfig,
             bin: agent_bin(),
+            metrics_bind_address: "127.0.0.1:0".into(),
             child: None,
         }
     }
@@ -167,6 +168,8 @@ pub struct Host {
     pub kubeconfig: PathBuf,
     /// The agent binary to run.
     pub bin: String,
+    /// `--metrics-bind-address` (any free loopback port unless a test picks one).
+    pub metrics_bind_address: String,
     child: Option<Child>,
 }
 
@@ -196,7 +199,7 @@ impl Host {
             .arg("--command-timeout")
             .arg("30s")
             .arg("--metrics-bind-address")
-            .arg("127.0.0.1:0")
+            .arg(&self.metrics_bind_address)
             .arg("--log-format")
             .arg("text");
         for l in labels {
