@@ -173,14 +173,7 @@ async fn sample_is_applied_reapplied_without_writes_scaled_and_deleted() {
     })
     .await;
     let bc = wait_condition(&api, "demo", "HostsAvailable", "False").await;
-    let c = bc
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "HostsAvailable")
-        .unwrap();
+    let c = condition(&bc, "HostsAvailable");
     assert!(
         c.message.contains("control-plane: 3 more host(s) needed"),
         "{}",
@@ -361,6 +354,17 @@ async fn cel_refuses_invalid_specs_with_our_messages() {
     }
 }
 
+/// Condition `type_` of `bc`; panics when it is missing.
+fn condition<'a>(
+    bc: &'a BootsmanCluster,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    bc.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .unwrap()
+}
+
 /// Creates a ByoHost `name` with `labels` that reports itself `Available`.
 async fn available_host(client: &kube::Client, ns: &str, name: &str, role: &str) {
     let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns);
@@ -404,14 +408,7 @@ async fn a_short_pool_reports_the_missing_hosts_per_role_and_then_enough() {
     let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
     api.create(&PostParams::default(), &sample(&ns)).await.unwrap();
     let bc = wait_condition(&api, "demo", "HostsAvailable", "False").await;
-    let c = bc
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "HostsAvailable")
-        .unwrap();
+    let c = condition(&bc, "HostsAvailable");
     assert_eq!(c.reason, "NotEnoughHosts");
     assert_eq!(c.message, "control-plane: 1 more host(s) needed", "{}", c.message);
 
