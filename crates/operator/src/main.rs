@@ -1,5 +1,76 @@
-//! `bootsman-operator`: see the crate documentation and the README for flags, metrics and Events.
+//! `bootsman-operator`: the provisioning operator of Bootsman. It turns each BootsmanCluster into
+//! the Cluster API objects of a child cluster and keeps them matching. See the crate
+//! documentation and `crates/operator/README.md` for flags, metrics and Events.
 
-fn main() {
-    println!("bootsman-operator {}", env!("CARGO_PKG_VERSION"));
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bootsman_operator::OperatorSettings;
+use bootsman_operator::controller::{self, Context};
+use bootsman_runtime::lifecycle::{self, Process};
+use bootsman_runtime::metrics::Metrics;
+use clap::Parser;
+
+/// Provisioning operator: BootsmanCluster → Cluster API objects (Cluster, ByoCluster,
+/// KubeadmControlPlane, MachineDeployments, addon HelmChartProxies).
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Watch only this namespace. All namespaces when empty.
+    #[arg(long, env = "BOOTSMAN_NAMESPACE")]
+    namespace: Option<String>,
+    /// Settings file (YAML): addon chart repositories, versions and image registries, and the
+    /// kube-vip image. Public upstream locations when not given.
+    #[arg(long, env = "BOOTSMAN_OPERATOR_SETTINGS")]
+    settings: Option<PathBuf>,
+    /// Run the controller only while holding the leader Lease.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Namespace of the leader Lease (defaults to the pod's namespace, then `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    leader_elect_namespace: Option<String>,
+    /// Address of the /livez, /readyz and /metrics server.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_bind_address: std::net::SocketAddr,
+}
+
+/// The client of the management cluster; a stalled connection fails the request instead of
+/// hanging a reconcile.
+async fn client() -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer().await?;
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config.read_timeout = Some(Duration::from_secs(330));
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// The controller never fails on its own; it runs until shutdown.
+#[derive(Debug, thiserror::Error)]
+#[error("unreachable")]
+enum Never {}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    bootsman_runtime::telemetry::init("info,kube=warn");
+    let settings = match &args.settings {
+        Some(path) => OperatorSettings::from_file(path)?,
+        None => OperatorSettings::default(),
+    };
+    let client = client().await?;
+    let metrics = Arc::new(Metrics::new()?);
+    let process = Process {
+        lease_name: "bootsman-operator".into(),
+        leader_elect: args.leader_elect,
+        lease_namespace: args.leader_elect_namespace.unwrap_or_else(|| "default".into()),
+        metrics_bind_address: args.metrics_bind_address,
+    };
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics.clone()));
+    let namespace = args.namespace;
+    lifecycle::run(client, process, metrics, |shutdown| async move {
+        controller::run(ctx, namespace, shutdown).await;
+        Ok::<(), Never>(())
+    })
+    .await?;
+    Ok(())
 }

@@ -9,6 +9,7 @@
 pub mod conditions;
 mod error;
 pub mod leader;
+pub mod lifecycle;
 pub mod metrics;
 pub mod server;
 pub mod ssa;

@@ -1,0 +1,147 @@
+//! The life of a controller process: stop on SIGTERM or Ctrl-C, serve `/livez`, `/readyz` and
+//! `/metrics` from the start (readiness never depends on leadership), wait for the leader Lease
+//! (or not, without election), run the controllers until shutdown or lost leadership, and report
+//! a lost Lease or a dead election as an error so the pod restarts as a fresh candidate.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::leader::{LeaderElection, always_leader};
+use crate::metrics::Metrics;
+
+/// Resolves when the controllers must stop (shutdown asked for, or leadership lost).
+pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send + Sync + 'static>>;
+
+/// How the process takes part in leader election and where it serves health and metrics.
+#[derive(Clone, Debug)]
+pub struct Process {
+    /// Name of the leader Lease, e.g. `bootsman-operator`.
+    pub lease_name: String,
+    /// Run the controllers only while holding the Lease.
+    pub leader_elect: bool,
+    /// Namespace of the Lease.
+    pub lease_namespace: String,
+    /// Address of the health and metrics server.
+    pub metrics_bind_address: SocketAddr,
+}
+
+/// Why the process ended other than by a clean shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum Exit<E: std::error::Error + 'static> {
+    /// The server or the election could not start.
+    #[error(transparent)]
+    Runtime(#[from] crate::Error),
+    /// The controllers failed.
+    #[error("the controllers failed: {0}")]
+    Controllers(#[source] E),
+    /// The election task ended (a fatal error or a panic).
+    #[error("the leader election ended: {0}")]
+    ElectionEnded(String),
+    /// Leadership was lost; reconciling stopped.
+    #[error("stopped reconciling after losing the leader Lease; exiting so a fresh candidate starts")]
+    LostLease,
+}
+
+/// Runs `controllers` under the rules of the module documentation until SIGTERM or Ctrl-C.
+pub async fn run<E, F, Fut>(
+    client: kube::Client,
+    process: Process,
+    metrics: Arc<Metrics>,
+    controllers: F,
+) -> Result<(), Exit<E>>
+where
+    E: std::error::Error + 'static,
+    F: FnOnce(Shutdown) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+{
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let term = async {
+            match term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = term => {}
+        }
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let server = crate::server::bind(process.metrics_bind_address).await?;
+    let (_ready_tx, ready_rx) = watch::channel(true);
+    let server_task = tokio::spawn(server.serve(metrics, ready_rx, stopped(stop_rx.clone())));
+
+    let (mut leader, election) = if process.leader_elect {
+        let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
+            format!(
+                "{}-{}",
+                std::env::var("HOSTNAME").unwrap_or_else(|_| process.lease_name.clone()),
+                std::process::id()
+            )
+        });
+        let (rx, handle) = LeaderElection::new(
+            client,
+            process.lease_namespace.clone(),
+            process.lease_name.clone(),
+            identity,
+        )
+        .start()
+        .await?;
+        (rx, Some(handle))
+    } else {
+        (always_leader(), None)
+    };
+    tracing::info!("waiting for leadership");
+    tokio::select! {
+        r = leader.wait_for(|held| *held) => {
+            if r.is_err() {
+                return Err(Exit::ElectionEnded("the leadership channel closed".into()));
+            }
+        }
+        () = stopped(stop_rx.clone()) => { let _ = server_task.await; return Ok(()); }
+    }
+    tracing::info!("leading: starting controllers");
+    let mut lost = leader.clone();
+    let stop = stop_rx.clone();
+    let shutdown: Shutdown = Box::pin(async move {
+        tokio::select! {
+            () = async {
+                // A closed channel (no election) never changes: leadership is never lost.
+                if lost.wait_for(|held| !*held).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            } => tracing::error!("lost the leader Lease"),
+            () = stopped(stop) => {}
+        }
+    });
+    let result = match election {
+        Some(mut handle) => {
+            let outcome = tokio::select! {
+                r = controllers(shutdown) => r.map_err(Exit::Controllers),
+                r = &mut handle => Err(Exit::ElectionEnded(format!("{r:?}"))),
+            };
+            let _ = handle.stop().await;
+            outcome
+        }
+        None => controllers(shutdown).await.map_err(Exit::Controllers),
+    };
+    let _ = server_task.await;
+    result?;
+    if !*stop_rx.borrow() {
+        return Err(Exit::LostLease);
+    }
+    Ok(())
+}
