@@ -120,7 +120,10 @@ impl Pki {
             p(&ca.cert),
             "-CAkey",
             p(&ca.key),
-            "-CAcreateserial",
+            // A serial of our own instead of `-CAcreateserial`: the shared `.srl` file is
+            // read and rewritten by each call, so concurrent issues corrupted it.
+            "-set_serial",
+            &next_serial(),
             "-days",
             "3650",
             "-sha256",
@@ -173,6 +176,18 @@ fn new_key(path: &Path) -> Result<()> {
 }
 
 /// `openssl -subj` treats `/` and `=` specially inside values.
+/// A certificate serial unique within this process and, with the time in it, across runs.
+fn next_serial() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or_default();
+    format!("0x{:x}{:04x}{:08x}", nanos, n & 0xffff, std::process::id())
+}
+
 fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
