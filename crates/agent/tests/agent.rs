@@ -304,9 +304,10 @@ async fn failures_are_reported_with_the_output_tail() {
     assert!(!other.path("never").exists());
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_killed_bootstrap_resumes_without_repeating_finished_steps() {
-    let pool = Pool::new("agent-resume").await;
+/// Interrupts a bootstrap in its second (sleeping) step with `interrupt`, restarts the agent and
+/// checks it resumes: the finished first step is not repeated, the interrupted one runs again.
+async fn resumes_after(prefix: &str, interrupt: fn(&mut common::Host)) {
+    let pool = Pool::new(prefix).await;
     let mut host = pool.host("node-e");
     std::fs::create_dir_all(host.path("run")).unwrap();
     host.start(&[]);
@@ -315,7 +316,8 @@ async fn a_killed_bootstrap_resumes_without_repeating_finished_steps() {
     hand_over(&pool, "node-e", "uid-e1", data).await;
     let second = host.path("run/second.txt");
     common::eventually("the second step runs", || async { second.exists().then_some(()) }).await;
-    host.kill();
+    interrupt(&mut host);
+    assert!(!host.path("run/third.txt").exists());
     std::fs::write(host.path("run/go"), "").unwrap();
     host.start(&[]);
     wait_condition(&pool.hosts(), &host, types::BOOTSTRAP_SUCCEEDED, "True").await;
@@ -324,9 +326,22 @@ async fn a_killed_bootstrap_resumes_without_repeating_finished_steps() {
         "x\n",
         "a finished step ran again"
     );
-    // The interrupted step runs again from its start; the rest once.
     assert_eq!(read(&host.path("run/second.txt")), "x\nx\n");
     assert_eq!(read(&host.path("run/third.txt")), "x\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_bootstrap_resumes_without_repeating_finished_steps() {
+    resumes_after("agent-resume", |h| h.kill()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_mid_bootstrap_exits_zero_and_keeps_progress() {
+    resumes_after("agent-drain", |h| {
+        let exit = h.terminate();
+        assert!(exit.success(), "SIGTERM mid-command: {exit:?}\n{}", h.log());
+    })
+    .await;
 }
 
 /// `GET path` on a loopback HTTP server; the status line and body.
