@@ -302,6 +302,22 @@ async fn failures_are_reported_with_the_output_tail() {
     .await;
     assert!(msg.contains("packages"), "message names the directive: {msg}");
     assert!(!other.path("never").exists());
+
+    // A symlink inside the root that leads out of it is not followed.
+    let outside = std::env::temp_dir().join(format!("byoh-agent-outside-{}", std::process::id()));
+    std::fs::create_dir_all(&outside).unwrap();
+    let prepared = pool.host("node-f");
+    std::os::unix::fs::symlink(&outside, prepared.path("/etc/evil")).unwrap();
+    drop(prepared);
+    let (_escaped, msg) = failed_bootstrap(
+        &pool,
+        "node-f",
+        "uid-f1",
+        "#cloud-config\nwrite_files:\n  - path: /etc/evil/pwned\n    content: x\n",
+    )
+    .await;
+    assert!(msg.contains("/etc/evil/pwned"), "message names the path: {msg}");
+    assert!(!outside.join("pwned").exists(), "bootstrap wrote outside --root");
 }
 
 /// Interrupts a bootstrap in its second (sleeping) step with `interrupt`, restarts the agent and
