@@ -1,9 +1,9 @@
 //! The BootsmanCluster controller: fetch → validate → render → apply → status.
 //!
-//! - Apply is server-side apply as field manager [`MANAGER`], forced. Each rendered object
-//!   carries the hash of its rendered form in [`HASH_ANNOTATION`]; an object whose stored hash
-//!   matches is not written at all, so reapplying the same spec makes no writes, and a replica
-//!   change writes only the object whose replicas changed (and SSA changes only that field).
+//! - Apply is server-side apply as field manager [`MANAGER`], forced, and only for an object
+//!   whose stored form lacks a rendered field or holds another value there: reapplying the
+//!   same spec makes no writes, a replica change writes only the objects whose replicas changed
+//!   (SSA changes only that field), and a field someone else changed is set back.
 //! - A spec that breaks a rule gets `Ready=False`, `Stalled=True` naming the rule; nothing is
 //!   applied.
 //! - Deletion: the finalizer [`FINALIZER`] stays until the CAPI Cluster (deleted in the
@@ -11,7 +11,6 @@
 //! - Status is written only when it changed.
 
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,8 +37,6 @@ use crate::validate::validate;
 pub const MANAGER: &str = "bootsman-operator";
 /// Finalizer that keeps a BootsmanCluster until its CAPI Cluster is gone.
 pub const FINALIZER: &str = "bootsman.io/cluster-cleanup";
-/// Annotation on each rendered object: hash of its rendered form, to skip no-op applies.
-pub const HASH_ANNOTATION: &str = "bootsman.io/rendered-hash";
 /// How often a healthy cluster is looked at again (status counts come from CAPI).
 const RESYNC: Duration = Duration::from_secs(60);
 /// How soon a cluster is looked at again while it is being deleted or is not ready.
@@ -210,9 +207,10 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
     Ok(Action::requeue(requeue))
 }
 
-/// Applies `obj` unless the stored object carries the same rendered hash. Returns
+/// Applies `obj` unless every field it sets already has that value in the stored object (so a
+/// resync writes nothing, and a field changed by someone else is set back). Returns
 /// `Some("Kind/name")` when it wrote.
-async fn apply_if_changed(client: &kube::Client, mut obj: Value) -> Result<Option<String>, Error> {
+async fn apply_if_changed(client: &kube::Client, obj: Value) -> Result<Option<String>, Error> {
     let api_version = obj["apiVersion"].as_str().unwrap_or_default().to_string();
     let kind = obj["kind"].as_str().unwrap_or_default().to_string();
     let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
@@ -223,26 +221,34 @@ async fn apply_if_changed(client: &kube::Client, mut obj: Value) -> Result<Optio
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
-    let hash = hash_of(&obj);
-    obj["metadata"]["annotations"] = json!({HASH_ANNOTATION: hash});
-    let what = format!("{kind}/{name}");
     let current = api
         .get_opt(&name)
         .await
         .map_err(kube_err(format!("reading {kind} {ns}/{name}")))?;
-    if current.is_some_and(|c| c.annotations().get(HASH_ANNOTATION) == Some(&hash)) {
+    if let Some(c) = current
+        && let Ok(observed) = serde_json::to_value(&c)
+        && contains(&observed, &obj)
+    {
         return Ok(None);
     }
     api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&obj))
         .await
         .map_err(kube_err(format!("applying {kind} {ns}/{name}")))?;
-    Ok(Some(what))
+    Ok(Some(format!("{kind}/{name}")))
 }
 
-fn hash_of(v: &Value) -> String {
-    let mut h = DefaultHasher::new();
-    v.to_string().hash(&mut h);
-    format!("{:016x}", h.finish())
+/// Whether `observed` holds every field of `desired` with the same value (objects may carry
+/// more keys, such as server defaults; lists must match element by element).
+pub fn contains(observed: &Value, desired: &Value) -> bool {
+    match (observed, desired) {
+        (Value::Object(o), Value::Object(d)) => d
+            .iter()
+            .all(|(k, dv)| o.get(k).is_some_and(|ov| contains(ov, dv))),
+        (Value::Array(o), Value::Array(d)) => {
+            o.len() == d.len() && o.iter().zip(d).all(|(ov, dv)| contains(ov, dv))
+        }
+        (o, d) => o == d,
+    }
 }
 
 /// Reads what CAPI reports and the host pool and fills in counts and conditions.

@@ -417,3 +417,35 @@ async fn a_short_pool_reports_the_missing_hosts_per_role_and_then_enough() {
     wait_condition(&api, "demo", "HostsAvailable", "True").await;
     op.stop().await;
 }
+
+#[tokio::test]
+async fn a_rendered_field_changed_by_someone_else_is_set_back() {
+    let env = env().await;
+    let ns = env.create_namespace("op-drift").await;
+    let client = env.client().await;
+    let op = Operator::start(env, &ns).await;
+    let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &sample(&ns)).await.unwrap();
+    let mds: Api<MachineDeployment> = Api::namespaced(client.clone(), &ns);
+    until("MachineDeployment rendered", WAIT, || {
+        let mds = mds.clone();
+        async move { mds.get_opt("demo-default").await.unwrap() }
+    })
+    .await;
+    mds.patch(
+        "demo-default",
+        &PatchParams::apply("someone-else").force(),
+        &Patch::Apply(&json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+            "metadata": {"name": "demo-default"}, "spec": {"replicas": 7},
+        })),
+    )
+    .await
+    .unwrap();
+    until("replicas set back to 3", WAIT, || {
+        let mds = mds.clone();
+        async move { (mds.get("demo-default").await.ok()?.spec.replicas == Some(3)).then_some(()) }
+    })
+    .await;
+    op.stop().await;
+}
