@@ -109,7 +109,14 @@ SH
   chmod +x "$dir/root/usr/bin/kubeadm"
   mkdir -p "$dir/root/var/log"
   "$T/bootsmanctl" hosts token --namespace default --name "$name" --ttl 30m >"$dir/bootstrap-kubeconfig"
-  "$T/byoh-agent" --namespace default --name "$name" --label "role=$role" \
+  # CAPI's bootstrap data writes absolute paths (/run/cluster-api/...) from its commands. As
+  # root, each simulated host gets a private mount namespace whose /run is its own <root>/run.
+  mkdir -p "$dir/root/run"
+  wrap=()
+  if [[ $(id -u) -eq 0 ]] && command -v unshare >/dev/null; then
+    wrap=(unshare --mount --propagation private -- sh -c 'mount --bind "$0" /run && exec "$@"' "$dir/root/run")
+  fi
+  "${wrap[@]}" "$T/byoh-agent" --namespace default --name "$name" --label "role=$role" \
     --bootstrap-kubeconfig "$dir/bootstrap-kubeconfig" --kubeconfig "$dir/state/kubeconfig" \
     --root "$dir/root" --state-dir "$dir/state" --heartbeat-interval 5s \
     --metrics-bind-address "127.0.0.1:$((19440 + i))" --log-format json \

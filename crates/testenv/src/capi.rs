@@ -225,3 +225,32 @@ async fn register_webhooks(
     }
     Ok(())
 }
+
+/// Labels the Cluster API CRDs with the contract they implement, as CAPI's release manifests do
+/// (`cluster.x-k8s.io/v1beta2: v1beta2`): the CRD files in the Go module lack the label, and CAPI
+/// looks a referenced kind's API version up by it (a KubeadmControlPlane without it is never
+/// scaled up).
+pub(crate) fn label_contract_versions(crds: &mut [apiext::CustomResourceDefinition]) {
+    for crd in crds {
+        let served: Vec<String> = crd
+            .spec
+            .versions
+            .iter()
+            .filter(|v| v.served)
+            .map(|v| v.name.clone())
+            .collect();
+        let mut contract = served
+            .iter()
+            .filter(|v| v.starts_with("v1beta"))
+            .cloned()
+            .collect::<Vec<_>>();
+        contract.sort();
+        if contract.is_empty() {
+            continue;
+        }
+        let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+        labels
+            .entry("cluster.x-k8s.io/v1beta2".into())
+            .or_insert_with(|| contract.join("_"));
+    }
+}

@@ -115,6 +115,7 @@ impl TestEnv {
         } else {
             capi::serve_storage_version_only(&mut capi_crds);
         }
+        capi::label_contract_versions(&mut capi_crds);
         all_crds.extend(capi_crds);
         crds::install(&client, &all_crds).await?;
 
