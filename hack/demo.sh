@@ -109,12 +109,14 @@ SH
   chmod +x "$dir/root/usr/bin/kubeadm"
   mkdir -p "$dir/root/var/log"
   "$T/bootsmanctl" hosts token --namespace default --name "$name" --ttl 30m >"$dir/bootstrap-kubeconfig"
-  # CAPI's bootstrap data writes absolute paths (/run/cluster-api/...) from its commands. As
-  # root, each simulated host gets a private mount namespace whose /run is its own <root>/run.
+  # CAPI's bootstrap commands use absolute paths (/run/cluster-api, /etc/kubernetes). As root,
+  # each simulated host gets a private mount namespace whose /run and /etc are its own.
   mkdir -p "$dir/root/run"
   wrap=()
   if [[ $(id -u) -eq 0 ]] && command -v unshare >/dev/null; then
-    wrap=(unshare --mount --propagation private -- sh -c 'mount --bind "$0" /run && exec "$@"' "$dir/root/run")
+    cp /etc/ld.so.cache /etc/nsswitch.conf /etc/hosts "$dir/root/etc/" 2>/dev/null || true
+    wrap=(unshare --mount --propagation private -- sh -c \
+      'mount --bind "$0/run" /run && mount --bind "$0/etc" /etc && exec "$@"' "$dir/root")
   fi
   "${wrap[@]}" "$T/byoh-agent" --namespace default --name "$name" --label "role=$role" \
     --bootstrap-kubeconfig "$dir/bootstrap-kubeconfig" --kubeconfig "$dir/state/kubeconfig" \
