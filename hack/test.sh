@@ -58,4 +58,8 @@ step "cargo test (unit and integration tests)"
 cargo test --workspace --all-targets --locked
 done_step
 
+step "the demo, short mode (hack/demo.sh --short: 8 simulated hosts, the sample BootsmanCluster)"
+hack/demo.sh --short
+done_step
+
 printf '\nall checks passed\n'
