@@ -25,17 +25,9 @@ const WAIT: Duration = Duration::from_secs(60);
 
 fn apply_rbac(env: &TestEnv) {
     let dir = bootsman_testenv::repo_root().join("config/rbac");
-    let out = env
-        .kubectl()
-        .args(["apply", "-k"])
-        .arg(&dir)
-        .output()
-        .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl apply -k config/rbac: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Err(e) = env.apply_kustomization(&dir) {
+        panic!("{e}");
+    }
 }
 
 fn meta(name: &str, ns: &str) -> ObjectMeta {

@@ -66,6 +66,8 @@ pub struct TestEnv {
     /// In start order; stopped in reverse.
     components: Vec<process::Component>,
     options: Options,
+    /// Kustomizations applied so far (see [`TestEnv::apply_kustomization`]).
+    applied: std::sync::Mutex<Vec<PathBuf>>,
 }
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -103,6 +105,7 @@ impl TestEnv {
             testbin,
             components: Vec::new(),
             options,
+            applied: std::sync::Mutex::new(Vec::new()),
         };
         env.start_etcd_and_apiserver()?;
         let client = env.wait_for_apiserver().await?;
@@ -387,6 +390,34 @@ impl TestEnv {
         self.components
             .iter()
             .try_for_each(process::Component::check_running)
+    }
+
+    /// Applies the kustomization in `dir` (`kubectl apply -k`) once per control plane, as an
+    /// installation does. Tests of one binary share the control plane and run in parallel; two
+    /// concurrent client-side applies would both try to create and one would fail with
+    /// AlreadyExists, so applies are serialized and a directory already applied is skipped.
+    pub fn apply_kustomization(&self, dir: &Path) -> Result<()> {
+        let mut applied = self
+            .applied
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if applied.iter().any(|d| d == dir) {
+            return Ok(());
+        }
+        let out = self
+            .kubectl()
+            .args(["apply", "--server-side", "--force-conflicts", "-k"])
+            .arg(dir)
+            .output()
+            .map_err(error::io("run kubectl", dir))?;
+        if !out.status.success() {
+            return Err(Error::Command {
+                what: format!("kubectl apply -k {}", dir.display()),
+                detail: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr)),
+            });
+        }
+        applied.push(dir.to_path_buf());
+        Ok(())
     }
 
     /// `kubectl` from the test binaries, pointed at this control plane.

@@ -14,20 +14,12 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 
-/// Applies config/rbac (`kubectl apply -k`), as an installation does.
+/// Applies config/rbac (`kubectl apply -k`), as an installation does, once per control plane.
 pub fn apply_host_rbac(env: &TestEnv) {
     let dir = bootsman_testenv::repo_root().join("config/rbac");
-    let out = env
-        .kubectl()
-        .args(["apply", "-k"])
-        .arg(&dir)
-        .output()
-        .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl apply -k config/rbac: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Err(e) = env.apply_kustomization(&dir) {
+        panic!("{e}");
+    }
 }
 
 /// Runs the provider's CSR approver on this test's runtime until the test ends.
