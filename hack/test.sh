@@ -55,7 +55,7 @@ hack/package
 done_step
 
 step "cargo test (unit and integration tests)"
-cargo test --workspace --all-targets --locked
+cargo test --workspace --all-targets --locked --no-fail-fast
 done_step
 
 step "the demo, short mode (hack/demo.sh --short: 8 simulated hosts, the sample BootsmanCluster)"
