@@ -101,6 +101,7 @@ for i in 1 2 3 4 5 6 7 8; do
   printf '%032x\n' "$i" >"$dir/root/etc/machine-id"
   printf 'root:x:0:0:root:/root:/bin/sh\n' >"$dir/root/etc/passwd"
   printf 'root:x:0:\n' >"$dir/root/etc/group"
+  echo "$name" >"$dir/root/etc/hostname"
   # The stand-in kubeadm records how the bootstrap data called it; a real host runs kubeadm.
   cat >"$dir/root/usr/bin/kubeadm" <<'SH'
 #!/bin/sh
@@ -110,13 +111,14 @@ SH
   mkdir -p "$dir/root/var/log"
   "$T/bootsmanctl" hosts token --namespace default --name "$name" --ttl 30m >"$dir/bootstrap-kubeconfig"
   # CAPI's bootstrap commands use absolute paths (/run/cluster-api, /etc/kubernetes). As root,
-  # each simulated host gets a private mount namespace whose /run and /etc are its own.
+  # each simulated host gets a private mount namespace whose /run and /etc are its own, and a
+  # UTS namespace with its own host name (the Node name kubeadm would register).
   mkdir -p "$dir/root/run"
   wrap=()
   if [[ $(id -u) -eq 0 ]] && command -v unshare >/dev/null; then
     cp /etc/ld.so.cache /etc/nsswitch.conf /etc/hosts "$dir/root/etc/" 2>/dev/null || true
-    wrap=(unshare --mount --propagation private -- sh -c \
-      'mount --bind "$0/run" /run && mount --bind "$0/etc" /etc && exec "$@"' "$dir/root")
+    wrap=(unshare --mount --uts --propagation private -- sh -c \
+      'hostname "$(cat "$0/etc/hostname")" && mount --bind "$0/run" /run && mount --bind "$0/etc" /etc && exec "$@"' "$dir/root")
   fi
   "${wrap[@]}" "$T/byoh-agent" --namespace default --name "$name" --label "role=$role" \
     --bootstrap-kubeconfig "$dir/bootstrap-kubeconfig" --kubeconfig "$dir/state/kubeconfig" \
@@ -132,20 +134,35 @@ for _ in $(seq 1 90); do
 done
 kubectl -n default get byohosts -L role
 
-say "kubectl apply -f config/samples/bootsmancluster.yaml (3 control-plane, 3 workers)"
-kubectl apply -f config/samples/bootsmancluster.yaml
+# The sample's endpoint is an address on the hosts' network that kube-vip would hold. Here the
+# stand-in control plane (below) serves it on a loopback address instead.
+ENDPOINT_HOST=127.0.0.10
+say "kubectl apply -f config/samples/bootsmancluster.yaml (3 control-plane, 3 workers; endpoint host $ENDPOINT_HOST)"
+sed "s/^\(      host: \)[0-9.]*/\1$ENDPOINT_HOST/" config/samples/bootsmancluster.yaml | kubectl apply -f -
+
+# Simulated hosts run the bootstrap data, but their kubeadm starts nothing. Once the first
+# control-plane host has run `kubeadm init`, a stand-in control plane (real etcd and
+# kube-apiserver with the cluster CA Cluster API generated) answers at the endpoint and registers
+# a Node for each bootstrapped host, as the hosts' kubelets would.
+"$T/testenv" workload --namespace default --cluster demo --dir "$DEMO/workload" \
+  >"$DEMO/logs/workload.log" 2>&1 &
+PIDS+=($!)
 
 say "progress (up to ${wait_secs}s)"
 last=""
+stable=0
 for ((t = 0; t < wait_secs; t += 3)); do
   machines="$(kubectl -n default get machines --no-headers 2>/dev/null | wc -l)"
   bound="$(kubectl -n default get byohosts -o jsonpath='{range .items[?(@.spec.machineRef)]}{.metadata.name}{"\n"}{end}' 2>/dev/null | grep -c . || true)"
   done_="$(kubectl -n default get byohosts -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="BootstrapSucceeded")].status}{"\n"}{end}' 2>/dev/null | grep -c True || true)"
-  provisioned="$(kubectl -n default get machines -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c Provisioned || true)"
-  line="machines ${machines}, hosts claimed ${bound}/8, bootstrap executed on ${done_}, machines Provisioned ${provisioned}"
-  [[ "$line" != "$last" ]] && printf '    [%3ss] %s\n' "$t" "$line" && last="$line"
-  # Everything a simulated site can reach: see README, "What the demo's hosts do not do".
-  if ((machines > 0 && provisioned == bound && bound > 0 && done_ == bound)) && ((t > 30)); then break; fi
+  provisioned="$(kubectl -n default get machines -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' 2>/dev/null | grep -cE 'Provisioned|Running' || true)"
+  running="$(kubectl -n default get machines -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c Running || true)"
+  nodes="$(grep -c "registered" "$DEMO/logs/workload.log" 2>/dev/null || true)"
+  line="machines ${machines}, hosts claimed ${bound}/8, bootstrap executed on ${done_}, Nodes ${nodes}, machines Provisioned ${provisioned} (Running ${running})"
+  if [[ "$line" != "$last" ]]; then printf '    [%3ss] %s\n' "$t" "$line"; last="$line"; stable=0; else stable=$((stable + 1)); fi
+  # Everything a simulated site can reach (README, "What the demo's hosts do not do"): every
+  # Machine bound, bootstrapped and Running, unchanged for 15 s.
+  if ((machines > 1 && bound == machines && done_ == bound && running == machines && stable >= 5)); then break; fi
   sleep 3
 done
 
@@ -156,16 +173,23 @@ echo
 echo "    BootsmanCluster conditions:"
 kubectl -n default get bootsmancluster demo -o jsonpath='{range .status.conditions[*]}      {.type}={.status} {.reason}: {.message}{"\n"}{end}' 2>&1 || true
 for h in "$DEMO"/hosts/*; do
-  [[ -s "$h/root/var/log/kubeadm-calls.log" ]] && echo "    $(basename "$h"): $(tail -1 "$h/root/var/log/kubeadm-calls.log")"
+  [[ -s "$h/root/var/log/kubeadm-calls.log" ]] && echo "    $(basename "$h"): $(tail -1 "$h/root/var/log/kubeadm-calls.log" | cut -c1-120)"
 done
+if [[ -s "$DEMO/workload/workload-admin.kubeconfig" ]]; then
+  echo
+  echo "    Nodes of the child cluster (stand-in control plane at https://$ENDPOINT_HOST):"
+  kubectl --kubeconfig "$DEMO/workload/workload-admin.kubeconfig" get nodes -o wide 2>&1 | sed 's/^/      /'
+fi
 
-# What a simulated site reaches (README, "What the demo's hosts do not do"): every host enrols,
-# the first control-plane Machine is bound to a host that runs its `kubeadm init` bootstrap data.
-# The rest waits on a workload API server that simulated hosts cannot start.
+# What a simulated site reaches (README, "What the demo's hosts do not do"): every host enrols;
+# the first control-plane Machine and the three workers are bound to distinct hosts that ran
+# their `kubeadm init` / `kubeadm join` bootstrap data, and are Running with a Node. The kubeadm
+# control-plane manager then waits for etcd members and static Pods no simulated host runs.
 ok=1
 enrolled="$(kubectl -n default get byohosts --no-headers 2>/dev/null | wc -l)"
 ((enrolled == 8)) || { echo "    FAILED: $enrolled of 8 hosts enrolled" >&2; ok=0; }
-((bound >= 1 && done_ == bound)) || { echo "    FAILED: no Machine bound to a host with its bootstrap data executed" >&2; ok=0; }
+((machines >= 4)) || { echo "    FAILED: $machines Machines (expected the first control-plane Machine and 3 workers)" >&2; ok=0; }
+((bound == machines && done_ == bound)) || { echo "    FAILED: $bound of $machines Machines bound to a host, bootstrap data executed on $done_" >&2; ok=0; }
 owners="$(kubectl -n default get byohosts -o jsonpath='{range .items[?(@.spec.machineRef)]}{.spec.machineRef.name}{"\n"}{end}' | sort)"
 [[ "$(uniq <<<"$owners")" == "$owners" ]] || { echo "    FAILED: a machine holds two hosts" >&2; ok=0; }
 
@@ -176,6 +200,7 @@ Explore (while it runs):
   kubectl get bootsmanclusters,machines,byohosts -A
   kubectl describe bootsmancluster demo
   ls $DEMO/hosts/host-1/root        # what a host's bootstrap wrote
+  kubectl --kubeconfig $DEMO/workload/workload-admin.kubeconfig get nodes   # the child cluster
   tail -f $DEMO/logs/provider.log
 TXT
 

@@ -1,28 +1,23 @@
 //! The operator against the real control plane (our CRDs and CAPI's, without CAPI managers):
 //! the sample renders into objects the API server accepts, reapplying writes nothing, scaling
 //! touches only the replica fields, a short pool and a rule CEL cannot check show in the status,
-//! and deletion removes everything.
-//!
-//! CAAPH's CRDs cannot be fetched here (the Go module proxy refuses
-//! `sigs.k8s.io/cluster-api-addon-provider-helm`), so the tests install a HelmChartProxy CRD
-//! generated from our Rust type (schema-less, `x-kubernetes-preserve-unknown-fields`). It checks
-//! that the objects are stored, not CAAPH's field validation.
+//! and deletion removes everything. HelmChartProxy objects meet a CRD stand-in (see `common`).
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bootsman_api::capi::{Cluster, HelmChartProxy, KubeadmControlPlane, MachineDeployment};
+use bootsman_api::capi::{Cluster, KubeadmControlPlane, MachineDeployment};
 use bootsman_api::v1alpha1::BootsmanCluster;
 use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
-use bootsman_operator::controller::{Context, run};
 use bootsman_operator::{OperatorSettings, render};
 use bootsman_testenv::{TestEnv, wait_for};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use common::{Operator, sample};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::OnceCell;
 
@@ -44,67 +39,9 @@ where
 async fn env() -> &'static TestEnv {
     static CRD: OnceCell<()> = OnceCell::const_new();
     let env = TestEnv::shared().await;
-    CRD.get_or_init(|| async {
-        let crds: Api<CustomResourceDefinition> = Api::all(env.client().await);
-        let mut crd = HelmChartProxy::crd();
-        crd.spec.versions[0].subresources = Some(serde_json::from_value(json!({"status": {}})).unwrap());
-        crd.spec.versions[0].schema = Some(
-            serde_json::from_value(json!({"openAPIV3Schema": {
-                "type": "object",
-                "x-kubernetes-preserve-unknown-fields": true,
-            }}))
-            .unwrap(),
-        );
-        match crds.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("installing HelmChartProxy CRD: {e}"),
-        }
-        let api: Api<HelmChartProxy> = Api::all(env.client().await);
-        until("HelmChartProxy API served", WAIT, || {
-            let api = api.clone();
-            async move { api.list(&Default::default()).await.ok() }
-        })
+    CRD.get_or_init(|| common::install_helm_chart_proxy_crd(env))
         .await;
-    })
-    .await;
     env
-}
-
-struct Operator {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Operator {
-    async fn start(env: &TestEnv, ns: &str) -> Self {
-        let metrics = Arc::new(bootsman_runtime::metrics::Metrics::new().unwrap());
-        let ctx = Arc::new(Context::new(
-            env.client().await,
-            OperatorSettings::default(),
-            metrics,
-        ));
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run(ctx, Some(ns.into()), async move {
-            let _ = rx.await;
-        }));
-        Self { stop: Some(tx), task }
-    }
-    async fn stop(mut self) {
-        let _ = self.stop.take().map(|s| s.send(()));
-        let _ = self.task.await;
-    }
-}
-
-fn sample(ns: &str) -> BootsmanCluster {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../config/samples/bootsmancluster.yaml"
-    ))
-    .unwrap();
-    let mut bc: BootsmanCluster = serde_saphyr::from_str(&text).unwrap();
-    bc.metadata.namespace = Some(ns.into());
-    bc
 }
 
 fn dynamic_api(client: &kube::Client, obj: &serde_json::Value, ns: &str) -> (Api<DynamicObject>, String) {

@@ -29,6 +29,7 @@ mod error;
 mod pki;
 mod process;
 mod testbin;
+pub mod workload;
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -46,6 +47,7 @@ pub use error::{Error, Result};
 pub use pki::{CertPair, Pki};
 pub use process::tail;
 pub use testbin::{Testbin, repo_root};
+pub use workload::Workload;
 
 /// What to run besides etcd, kube-apiserver and kube-controller-manager.
 #[derive(Clone, Copy, Debug, Default)]
@@ -232,33 +234,7 @@ impl TestEnv {
     }
 
     async fn wait_for_apiserver(&self) -> Result<kube::Client> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            for c in &self.components {
-                c.check_running()?;
-            }
-            if let Ok(client) = client_from(&self.kubeconfig).await {
-                let req = http::Request::get("/readyz").body(Vec::new());
-                if let Ok(req) = req
-                    && client
-                        .request_text(req)
-                        .await
-                        .is_ok_and(|body| body.trim() == "ok")
-                {
-                    return Ok(client);
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(self.component("kube-apiserver").map_or(
-                    Error::Timeout {
-                        what: "kube-apiserver /readyz".into(),
-                        secs: START_TIMEOUT.as_secs(),
-                    },
-                    |c| c.failed("did not become ready"),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        wait_for_readyz(&self.kubeconfig, &self.components, "kube-apiserver").await
     }
 
     /// The service-account controller creates `default/default` once kube-controller-manager runs.
@@ -485,6 +461,40 @@ where
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Polls `/readyz` through `kubeconfig` until it answers `ok`; fails with the log tail of the
+/// first of `components` that stops, or of `apiserver` after the start timeout.
+async fn wait_for_readyz(
+    kubeconfig: &Path,
+    components: &[process::Component],
+    apiserver: &str,
+) -> Result<kube::Client> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        components
+            .iter()
+            .try_for_each(process::Component::check_running)?;
+        if let Ok(client) = client_from(kubeconfig).await
+            && let Ok(req) = http::Request::get("/readyz").body(Vec::new())
+            && client
+                .request_text(req)
+                .await
+                .is_ok_and(|body| body.trim() == "ok")
+        {
+            return Ok(client);
+        }
+        if Instant::now() > deadline {
+            return Err(components.iter().find(|c| c.name() == apiserver).map_or(
+                Error::Timeout {
+                    what: format!("{apiserver} /readyz"),
+                    secs: START_TIMEOUT.as_secs(),
+                },
+                |c| c.failed("did not become ready"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

@@ -62,15 +62,7 @@ impl Pki {
             ],
         )?;
         pki.admin = pki.client("admin", "admin", &["system:masters"])?;
-        new_key(&pki.service_account_key)?;
-        openssl(&[
-            "pkey",
-            "-in",
-            p(&pki.service_account_key),
-            "-pubout",
-            "-out",
-            p(&pki.service_account_pub),
-        ])?;
+        key_pair(&pki.service_account_key, &pki.service_account_pub)?;
         Ok(pki)
     }
 
@@ -93,47 +85,59 @@ impl Pki {
     }
 
     fn issue(&self, file: &str, subject: &str, ext: &str, ca: &CertPair) -> Result<CertPair> {
-        let pair = CertPair {
-            cert: self.dir.join(format!("{file}.crt")),
-            key: self.dir.join(format!("{file}.key")),
-        };
-        let csr = self.dir.join(format!("{file}.csr"));
-        let extfile = self.dir.join(format!("{file}.ext"));
-        new_key(&pair.key)?;
-        std::fs::write(&extfile, ext).map_err(io("write openssl extension file", &extfile))?;
-        openssl(&[
-            "req",
-            "-new",
-            "-key",
-            p(&pair.key),
-            "-subj",
-            subject,
-            "-out",
-            p(&csr),
-        ])?;
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            p(&csr),
-            "-CA",
-            p(&ca.cert),
-            "-CAkey",
-            p(&ca.key),
-            // A serial of our own instead of `-CAcreateserial`: the shared `.srl` file is
-            // read and rewritten by each call, so concurrent issues corrupted it.
-            "-set_serial",
-            &next_serial(),
-            "-days",
-            "3650",
-            "-sha256",
-            "-extfile",
-            p(&extfile),
-            "-out",
-            p(&pair.cert),
-        ])?;
-        Ok(pair)
+        issue(&self.dir, file, subject, ext, ca)
     }
+}
+
+/// Issues `<dir>/<file>.crt` and `.key` for `subject` (openssl `-subj` form) with the extensions
+/// `ext` (openssl extension-file lines), signed by `ca`.
+pub(crate) fn issue(dir: &Path, file: &str, subject: &str, ext: &str, ca: &CertPair) -> Result<CertPair> {
+    let pair = CertPair {
+        cert: dir.join(format!("{file}.crt")),
+        key: dir.join(format!("{file}.key")),
+    };
+    let csr = dir.join(format!("{file}.csr"));
+    let extfile = dir.join(format!("{file}.ext"));
+    new_key(&pair.key)?;
+    std::fs::write(&extfile, ext).map_err(io("write openssl extension file", &extfile))?;
+    openssl(&[
+        "req",
+        "-new",
+        "-key",
+        p(&pair.key),
+        "-subj",
+        subject,
+        "-out",
+        p(&csr),
+    ])?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        p(&csr),
+        "-CA",
+        p(&ca.cert),
+        "-CAkey",
+        p(&ca.key),
+        // A serial of our own instead of `-CAcreateserial`: the shared `.srl` file is
+        // read and rewritten by each call, so concurrent issues corrupted it.
+        "-set_serial",
+        &next_serial(),
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        p(&extfile),
+        "-out",
+        p(&pair.cert),
+    ])?;
+    Ok(pair)
+}
+
+/// A new P-256 key at `key` and its public half at `public`.
+pub(crate) fn key_pair(key: &Path, public: &Path) -> Result<()> {
+    new_key(key)?;
+    openssl(&["pkey", "-in", p(key), "-pubout", "-out", p(public)])
 }
 
 fn self_signed_ca(dir: &Path, file: &str, cn: &str) -> Result<CertPair> {
