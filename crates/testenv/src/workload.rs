@@ -237,11 +237,17 @@ impl Workload {
             .map_err(error::kube(format!("register workload Node {name}")))?;
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let status = json!({"status": {
-            "conditions": [{
-                "type": "Ready", "status": "True", "reason": "KubeletReady",
-                "message": "registered by the Bootsman stand-in control plane (no kubelet runs)",
-                "lastHeartbeatTime": now, "lastTransitionTime": now,
-            }],
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "registered by the Bootsman stand-in control plane (no kubelet runs)",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now},
+                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory",
+                 "message": "", "lastHeartbeatTime": now, "lastTransitionTime": now},
+                {"type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure",
+                 "message": "", "lastHeartbeatTime": now, "lastTransitionTime": now},
+                {"type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID",
+                 "message": "", "lastHeartbeatTime": now, "lastTransitionTime": now},
+            ],
             "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
             "nodeInfo": {
                 "kubeletVersion": self.version, "kubeProxyVersion": "", "architecture": std::env::consts::ARCH,
