@@ -1,19 +1,40 @@
 //! The Helm chart `charts/bootsman`: its copies of the CRDs and host manifests match `config/`,
 //! `helm lint` and `helm template` pass and reject values that break `values.schema.json`, and an
 //! installed chart's ServiceAccounts get from the real API server exactly what their component
-//! needs and are refused what it does not.
+//! needs and are refused what it does not, and suffice for the real work: the provider (with its
+//! CSR approver) and the operator, run in-process with their chart ServiceAccounts' tokens, bind a
+//! host to a machine and release it, and turn a BootsmanCluster into CAPI objects and back.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+mod common;
+#[path = "../../operator/tests/common/mod.rs"]
+mod operator_common;
+
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
-use bootsman_testenv::{Options, TestEnv, repo_root};
+use bootsman_api::capi::{Cluster, KubeadmControlPlane, Machine, MachineDeployment};
+use bootsman_api::v1alpha1::BootsmanCluster;
+use bootsman_api::v1beta1::{ByoCluster, ByoHost, ByoMachine, HostPhase};
+use bootsman_runtime::leader::{LeaderElection, LeaderHandle};
+use bootsman_runtime::metrics::Metrics;
+use bootsman_testenv::{CertPair, Options, TestEnv, repo_root, wait_for};
+use common::{Host, WAIT, condition, create_byo_cluster, create_cluster, create_machine, role};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestSpec};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use kube::api::{ListParams, PostParams};
-use kube::{Api, Client};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, PostParams,
+};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::watch;
 
 fn chart() -> PathBuf {
     repo_root().join("charts/bootsman")
@@ -151,6 +172,35 @@ fn values_that_break_the_schema_are_refused_with_the_field_named() {
     }
 }
 
+/// A control plane of its own (the chart's cluster-scoped objects must not meet other tests')
+/// with the chart installed into `bootsman-system` as an operator would (CRDs are already there).
+async fn installed_chart() -> TestEnv {
+    let env = TestEnv::start(Options::default())
+        .await
+        .expect("start the control plane");
+    let chart = chart();
+    let out = helm(
+        Some(&env),
+        &[
+            "install",
+            "bootsman",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "bootsman-system",
+            "--create-namespace",
+            "--skip-crds",
+            "--wait=false",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env
+}
+
 async fn token_client(env: &TestEnv, admin: &Client, ns: &str, sa: &str) -> Client {
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
     let request = TokenRequest {
@@ -191,30 +241,8 @@ fn forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
 /// nothing outside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn installed_chart_grants_each_component_what_it_needs_and_no_more() {
-    let env = TestEnv::start(Options::default())
-        .await
-        .expect("start the control plane");
+    let env = installed_chart().await;
     let admin = env.client().await;
-    let chart = chart();
-    let out = helm(
-        Some(&env),
-        &[
-            "install",
-            "bootsman",
-            chart.to_str().unwrap(),
-            "--namespace",
-            "bootsman-system",
-            "--create-namespace",
-            "--skip-crds",
-            "--wait=false",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "helm install: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 
     let provider = token_client(&env, &admin, "bootsman-system", "bootsman-provider").await;
     let operator = token_client(&env, &admin, "bootsman-system", "bootsman-operator").await;
@@ -287,4 +315,385 @@ async fn installed_chart_grants_each_component_what_it_needs_and_no_more() {
             .delete_collection(&Default::default(), &ListParams::default())
             .await,
     );
+}
+
+/// The namespace the chart runs its components in, and where their leader Leases live.
+const RELEASE_NS: &str = "bootsman-system";
+
+/// A component run in the test's runtime as its binary runs it: once it holds its leader Lease in
+/// the release namespace (with its own client, so the chart's leader-election Role is what lets
+/// it), until [`Component::stop`].
+struct Component {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    election: LeaderHandle,
+}
+
+impl Component {
+    async fn start<F, Fut>(client: &Client, lease: &str, work: F) -> Self
+    where
+        F: FnOnce(Client, std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (mut held, election) = LeaderElection::new(client.clone(), RELEASE_NS, lease, "test-pod")
+            .start()
+            .await
+            .unwrap_or_else(|e| panic!("{lease}: leader election: {e}"));
+        held.wait_for(|h| *h).await.unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let shutdown = async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        let task = tokio::spawn(work(client.clone(), Box::pin(shutdown)));
+        Self { stop, task, election }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap();
+        self.election.stop().await.unwrap();
+    }
+}
+
+/// The provider as `bootsman-provider` runs it with the chart's defaults: every namespace, the
+/// default release timeout, and the host CSR approver next to the controllers.
+async fn start_provider(client: &Client) -> Component {
+    Component::start(client, "bootsman-provider", |client, shutdown| async move {
+        let shutdown = futures::FutureExt::shared(shutdown);
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let (controllers, approver) = tokio::join!(
+            bootsman_provider::run(
+                client.clone(),
+                bootsman_provider::Config::default(),
+                metrics.clone(),
+                shutdown.clone(),
+            ),
+            bootsman_provider::csr_approver::run(client, metrics, shutdown),
+        );
+        controllers.unwrap();
+        approver.unwrap();
+    })
+    .await
+}
+
+/// The operator as `bootsman-operator` runs it: every namespace, the default settings.
+async fn start_operator(client: &Client) -> Component {
+    Component::start(client, "bootsman-operator", |client, shutdown| async move {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let ctx = Arc::new(bootsman_operator::controller::Context::new(
+            client,
+            bootsman_operator::OperatorSettings::default(),
+            metrics,
+        ));
+        bootsman_operator::controller::run(ctx, None, shutdown).await;
+    })
+    .await
+}
+
+/// Renews host `name`'s certificate as its agent does (a CSR with its current identity, a fresh
+/// key), so the approver must decide it with the chart's rights; returns the renewed identity.
+async fn renewed_identity(env: &TestEnv, current: &Client, name: &str) -> Client {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("byoh:host:{name}"));
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "byoh:hosts");
+    let request = params.serialize_request(&key).unwrap().pem().unwrap();
+    let csr = CertificateSigningRequest {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("byoh-host-{name}-")),
+            ..Default::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: ByteString(request.into_bytes()),
+            signer_name: "kubernetes.io/kube-apiserver-client".into(),
+            usages: Some(vec!["client auth".into()]),
+            ..Default::default()
+        },
+        status: None,
+    };
+    let csrs: Api<CertificateSigningRequest> = Api::all(current.clone());
+    let csr = csrs.create(&PostParams::default(), &csr).await.unwrap();
+    let csr_name = csr.name_any();
+    let cert = wait_for("the renewal to be approved and signed", WAIT, || async {
+        let st = csrs
+            .get(&csr_name)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        match st.certificate.filter(|c| !c.0.is_empty()) {
+            Some(c) => Ok(c.0),
+            None => Err(format!("{:?}", st.conditions)),
+        }
+    })
+    .await;
+    let dir = env.dir().join(format!("renewed-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pair = CertPair {
+        cert: dir.join("cert.pem"),
+        key: dir.join("key.pem"),
+    };
+    std::fs::write(&pair.cert, cert).unwrap();
+    std::fs::write(&pair.key, key.serialize_pem()).unwrap();
+    env.client_with_cert(&pair).await
+}
+
+/// Waits until the ByoHost, as its host reads it, satisfies `ok`.
+async fn host_until(host: &Host, what: &str, ok: impl Fn(&ByoHost) -> bool) -> ByoHost {
+    wait_for(what, WAIT, || async {
+        let h = Api::<ByoHost>::namespaced(host.client.clone(), &host.ns)
+            .get(&host.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        if ok(&h) {
+            Ok(h)
+        } else {
+            Err(format!("{:?}", (&h.spec, &h.status)))
+        }
+    })
+    .await
+}
+
+/// Waits until `api` no longer has `name`.
+async fn gone<K>(api: &Api<K>, name: &str)
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    wait_for(&format!("{name} to be gone"), WAIT, || async {
+        match api.get_opt(name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(o) => Err(format!("still there: {:?}", o.meta())),
+        }
+    })
+    .await
+}
+
+/// Waits for an Event with `reason` in `ns` reported by `controller` (publishing is best effort,
+/// so a missing Events permission would show nowhere else).
+async fn event_seen(admin: &Client, ns: &str, controller: &str, reason: &str) {
+    let events: Api<Event> = Api::namespaced(admin.clone(), ns);
+    wait_for(&format!("a {reason} Event from {controller}"), WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let seen: Vec<_> = list
+            .items
+            .iter()
+            .map(|e| (e.reporting_controller.clone(), e.reason.clone()))
+            .collect();
+        if seen
+            .iter()
+            .any(|(c, r)| c.as_deref() == Some(controller) && r.as_deref() == Some(reason))
+        {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await
+}
+
+fn provisioned(bm: &ByoMachine) -> bool {
+    bm.status
+        .as_ref()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned)
+        == Some(true)
+}
+
+/// With nothing but the installed chart's RBAC, the provider and its CSR approver (token of
+/// `bootsman-provider`) and the operator (token of `bootsman-operator`) do their whole job: a host
+/// with its own identity renews its certificate, registers, is claimed, reads its bootstrap data,
+/// is provisioned and released clean; a BootsmanCluster is rendered into CAPI objects and deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_cluster() {
+    let env = installed_chart().await;
+    let admin = env.client().await;
+
+    // The chart ships the host roles and admission policies of config/rbac.
+    let cluster_roles: Api<ClusterRole> = Api::all(admin.clone());
+    for name in [
+        "bootsman:host",
+        "bootsman:host-renewal",
+        "bootsman:host-bootstrapper",
+        "bootsman:host-csr-approver",
+    ] {
+        cluster_roles
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("ClusterRole {name}: {e}"));
+    }
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
+    for name in ["bootsman-host-own-objects", "bootsman-host-spec-fields"] {
+        policies
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("ValidatingAdmissionPolicy {name}: {e}"));
+    }
+
+    let provider_sa = token_client(&env, &admin, RELEASE_NS, "bootsman-provider").await;
+    let operator_sa = token_client(&env, &admin, RELEASE_NS, "bootsman-operator").await;
+    let provider = start_provider(&provider_sa).await;
+    let operator = start_operator(&operator_sa).await;
+
+    // A host of pool `pool`: the rights the approver grants at enrollment (bootsman:host in the
+    // pool only, bound with the provider's own rights), then a renewal the approver decides.
+    let pool = env.create_namespace("pool").await;
+    bootsman_provider::csr_approver::grant_pool_access(&provider_sa, &pool, "h1")
+        .await
+        .expect("the provider binds bootsman:host in a pool");
+    let enrolled = env.client_for("byoh:host:h1", &["byoh:hosts"]).await;
+    let identity = renewed_identity(&env, &enrolled, "h1").await;
+    let host = Host::register(identity, &pool, "h1", &[("role", "worker")], true).await;
+
+    // CAPI's objects, written as admin: the Cluster, its ByoCluster and a worker Machine.
+    let cluster = create_cluster(&admin, &pool, "c1", false).await;
+    create_byo_cluster(&admin, &cluster, "10.0.0.40").await;
+    let byoclusters: Api<ByoCluster> = Api::namespaced(admin.clone(), &pool);
+    create_machine(&admin, &pool, "c1", "m0", Some(role("worker"))).await;
+
+    // Claimed, with its providerID, bootstrap data the host alone may read, and provisioned once
+    // the host reports its bootstrap done.
+    let byomachines: Api<ByoMachine> = Api::namespaced(admin.clone(), &pool);
+    let claimed = host_until(&host, "the host to be claimed with bootstrap data", |h| {
+        h.spec.machine_ref.as_ref().is_some_and(|r| r.name == "m0") && h.spec.bootstrap_secret.is_some()
+    })
+    .await;
+    let bm = byomachines.get("m0").await.unwrap();
+    assert_eq!(
+        bm.spec.provider_id.as_deref(),
+        Some(format!("byoh://{pool}/h1").as_str())
+    );
+    let secret_name = claimed.spec.bootstrap_secret.unwrap().name;
+    let data = Api::<Secret>::namespaced(host.client.clone(), &pool)
+        .get(&secret_name)
+        .await
+        .expect("the host reads its bootstrap Secret");
+    assert!(String::from_utf8_lossy(&data.data.unwrap()["value"].0).contains("echo m0"));
+    host.report("BootstrapSucceeded", true, "Done").await;
+    let bm = wait_for("m0 to be provisioned", WAIT, || async {
+        let bm = byomachines.get("m0").await.map_err(|e| e.to_string())?;
+        if provisioned(&bm) {
+            Ok(bm)
+        } else {
+            Err(format!("{:?}", bm.status))
+        }
+    })
+    .await;
+    assert_eq!(
+        condition(&bm, "Ready"),
+        Some(("True".into(), "Provisioned".into()))
+    );
+    wait_for("the ByoCluster to be provisioned", WAIT, || async {
+        let bc = byoclusters.get("c1").await.map_err(|e| e.to_string())?;
+        let p = bc
+            .status
+            .as_ref()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.provisioned);
+        if p == Some(true) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", bc.status))
+        }
+    })
+    .await;
+
+    // The Machine goes: the host is asked to reset, reports it clean, and is free again.
+    Api::<Machine>::namespaced(admin.clone(), &pool)
+        .delete("m0", &DeleteParams::default())
+        .await
+        .unwrap();
+    match byomachines.delete("m0", &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {} // the garbage collector was first
+        Err(e) => panic!("delete ByoMachine m0: {e}"),
+    }
+    host_until(&host, "the release request", |h| h.spec.release.is_some()).await;
+    host.report("CleanupSucceeded", true, "Reset").await;
+    gone(&byomachines, "m0").await;
+    let free = host_until(&host, "the host to be available again", |h| {
+        h.status.as_ref().and_then(|s| s.phase) == Some(HostPhase::Available)
+    })
+    .await;
+    assert!(free.spec.machine_ref.is_none() && free.spec.bootstrap_secret.is_none());
+    assert!(free.spec.release.is_none() && free.spec.quarantine.is_none());
+    event_seen(&admin, &pool, "bootsman-provider", "HostReleased").await;
+    gone(&Api::<Secret>::namespaced(admin.clone(), &pool), &secret_name).await;
+    let reader = bootsman_provider::byo_machine::bootstrap::role_name("h1");
+    gone(&Api::<Role>::namespaced(admin.clone(), &pool), &reader).await;
+    gone(&Api::<RoleBinding>::namespaced(admin.clone(), &pool), &reader).await;
+
+    // The operator renders the sample into CAPI objects without a refusal, and lets it go.
+    operator_common::install_helm_chart_proxy_crd(&env).await;
+    let clusters_ns = env.create_namespace("clusters").await;
+    let bcs: Api<BootsmanCluster> = Api::namespaced(admin.clone(), &clusters_ns);
+    let sample = bcs
+        .create(&PostParams::default(), &operator_common::sample(&clusters_ns))
+        .await
+        .unwrap();
+    let name = sample.name_any();
+    let rendered = bootsman_operator::render(&sample, &bootsman_operator::OperatorSettings::default());
+    wait_for("every rendered object to exist", WAIT, || async {
+        let mut missing = Vec::new();
+        for obj in &rendered {
+            let (group, version) = obj["apiVersion"].as_str().unwrap().rsplit_once('/').unwrap();
+            let kind = obj["kind"].as_str().unwrap();
+            let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+            let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &clusters_ns, &ar);
+            let obj_name = obj["metadata"]["name"].as_str().unwrap();
+            if api.get_opt(obj_name).await.map_err(|e| e.to_string())?.is_none() {
+                missing.push(format!("{kind}/{obj_name}"));
+            }
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("missing {missing:?}"))
+        }
+    })
+    .await;
+    let status = wait_for("the BootsmanCluster's status", WAIT, || async {
+        let bc = bcs.get(&name).await.map_err(|e| e.to_string())?;
+        match bc.status {
+            Some(st) if st.observed_generation == bc.metadata.generation && !st.conditions.is_empty() => {
+                Ok(st)
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    for c in &status.conditions {
+        assert!(
+            !c.message.to_lowercase().contains("forbidden"),
+            "{}: {}",
+            c.type_,
+            c.message
+        );
+    }
+    Api::<Cluster>::namespaced(admin.clone(), &clusters_ns)
+        .get(&name)
+        .await
+        .unwrap();
+    Api::<KubeadmControlPlane>::namespaced(admin.clone(), &clusters_ns)
+        .get(&format!("{name}-control-plane"))
+        .await
+        .unwrap();
+    Api::<MachineDeployment>::namespaced(admin.clone(), &clusters_ns)
+        .get(&format!("{name}-default"))
+        .await
+        .unwrap();
+    event_seen(&admin, &clusters_ns, "bootsman-operator", "Applied").await;
+    bcs.delete(&name, &DeleteParams::default()).await.unwrap();
+    gone(&bcs, &name).await;
+    gone(&Api::<Cluster>::namespaced(admin.clone(), &clusters_ns), &name).await;
+
+    operator.stop().await;
+    provider.stop().await;
 }

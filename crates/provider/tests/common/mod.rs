@@ -10,7 +10,9 @@ use std::time::Duration;
 use bootsman_api::capi::{
     Bootstrap, Cluster, ClusterSpec, ContractVersionedObjectReference, Machine, MachineSpec,
 };
-use bootsman_api::v1beta1::{ByoHost, ByoHostSpec, ByoMachine, ByoMachineSpec};
+use bootsman_api::v1beta1::{
+    ApiEndpoint, ByoCluster, ByoClusterSpec, ByoHost, ByoHostSpec, ByoMachine, ByoMachineSpec,
+};
 use bootsman_provider::Config;
 use bootsman_testenv::TestEnv;
 use k8s_openapi::ByteString;
@@ -129,27 +131,7 @@ impl Site {
             .env
             .client_for(&format!("byoh:host:{name}"), &["byoh:hosts"])
             .await;
-        let mut h = ByoHost::new(name, ByoHostSpec::default());
-        h.metadata.namespace = Some(self.ns.clone());
-        h.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        Api::<ByoHost>::namespaced(client.clone(), &self.ns)
-            .create(&PostParams::default(), &h)
-            .await
-            .unwrap();
-        let host = Host {
-            name: name.into(),
-            ns: self.ns.clone(),
-            client,
-        };
-        host.inventory(name).await;
-        host.report("Registered", true, "Registered").await;
-        host.heartbeat(if online { 3600 } else { -3600 }).await;
-        host
+        Host::register(client, &self.ns, name, labels, online).await
     }
 
     /// Registers a healthy host without labels, with the admin's client (for tests about the
@@ -172,92 +154,12 @@ impl Site {
 
     /// A CAPI Cluster whose infrastructure is provisioned (as CAPI reports it).
     pub async fn cluster(&self, name: &str, paused: bool) -> Cluster {
-        let mut c = Cluster::new(
-            name,
-            ClusterSpec {
-                paused: paused.then_some(true),
-                ..Default::default()
-            },
-        );
-        c.metadata.namespace = Some(self.ns.clone());
-        c.spec.infrastructure_ref = Some(ContractVersionedObjectReference {
-            api_group: "infrastructure.cluster.x-k8s.io".into(),
-            kind: "ByoCluster".into(),
-            name: name.into(),
-        });
-        let api: Api<Cluster> = Api::namespaced(self.admin.clone(), &self.ns);
-        let c = api.create(&PostParams::default(), &c).await.unwrap();
-        let status = json!({"status": {"initialization": {"infrastructureProvisioned": true}}});
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap();
-        c
+        create_cluster(&self.admin, &self.ns, name, paused).await
     }
 
     /// A Machine with its bootstrap data Secret, and the ByoMachine it owns, as CAPI creates them.
     pub async fn machine(&self, cluster: &str, name: &str, selector: Option<LabelSelector>) -> ByoMachine {
-        let data = format!("#cloud-config\nruncmd:\n- echo {name}\n");
-        let secret = Secret {
-            metadata: meta(&format!("{name}-bootstrap-data"), &self.ns),
-            data: Some(BTreeMap::from([
-                ("value".to_string(), ByteString(data.into_bytes())),
-                ("format".to_string(), ByteString(b"cloud-config".to_vec())),
-            ])),
-            ..Default::default()
-        };
-        Api::<Secret>::namespaced(self.admin.clone(), &self.ns)
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap();
-        let mut m = Machine::new(
-            name,
-            MachineSpec {
-                cluster_name: cluster.into(),
-                bootstrap: Bootstrap {
-                    data_secret_name: Some(format!("{name}-bootstrap-data")),
-                    config_ref: None,
-                },
-                infrastructure_ref: ContractVersionedObjectReference {
-                    api_group: "infrastructure.cluster.x-k8s.io".into(),
-                    kind: "ByoMachine".into(),
-                    name: name.into(),
-                },
-                ..Default::default()
-            },
-        );
-        m.metadata.namespace = Some(self.ns.clone());
-        m.metadata.labels = Some(BTreeMap::from([(
-            "cluster.x-k8s.io/cluster-name".into(),
-            cluster.into(),
-        )]));
-        let m = Api::<Machine>::namespaced(self.admin.clone(), &self.ns)
-            .create(&PostParams::default(), &m)
-            .await
-            .unwrap();
-        let mut bm = ByoMachine::new(
-            name,
-            ByoMachineSpec {
-                selector,
-                ..Default::default()
-            },
-        );
-        bm.metadata.namespace = Some(self.ns.clone());
-        bm.metadata.labels = Some(BTreeMap::from([(
-            "cluster.x-k8s.io/cluster-name".into(),
-            cluster.into(),
-        )]));
-        bm.metadata.owner_references = Some(vec![OwnerReference {
-            api_version: Machine::api_version(&()).into(),
-            kind: "Machine".into(),
-            name: name.into(),
-            uid: m.uid().unwrap(),
-            controller: Some(true),
-            ..Default::default()
-        }]);
-        Api::<ByoMachine>::namespaced(self.admin.clone(), &self.ns)
-            .create(&PostParams::default(), &bm)
-            .await
-            .unwrap()
+        create_machine(&self.admin, &self.ns, cluster, name, selector).await
     }
 
     pub fn byomachines(&self) -> Api<ByoMachine> {
@@ -277,6 +179,132 @@ impl Site {
     }
 }
 
+/// A CAPI Cluster in `ns` whose infrastructure is provisioned, written with `admin` as CAPI
+/// writes it and reports it.
+pub async fn create_cluster(admin: &kube::Client, ns: &str, name: &str, paused: bool) -> Cluster {
+    let mut c = Cluster::new(
+        name,
+        ClusterSpec {
+            paused: paused.then_some(true),
+            ..Default::default()
+        },
+    );
+    c.metadata.namespace = Some(ns.into());
+    c.spec.infrastructure_ref = Some(ContractVersionedObjectReference {
+        api_group: "infrastructure.cluster.x-k8s.io".into(),
+        kind: "ByoCluster".into(),
+        name: name.into(),
+    });
+    let api: Api<Cluster> = Api::namespaced(admin.clone(), ns);
+    let c = api.create(&PostParams::default(), &c).await.unwrap();
+    let status = json!({"status": {"initialization": {"infrastructureProvisioned": true}}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    c
+}
+
+/// The ByoCluster of `cluster` with control-plane endpoint `host:6443`, owned by the Cluster as
+/// CAPI sets it, written with `admin`.
+pub async fn create_byo_cluster(admin: &kube::Client, cluster: &Cluster, host: &str) -> ByoCluster {
+    let ns = cluster.namespace().unwrap();
+    let mut bc = ByoCluster::new(
+        &cluster.name_any(),
+        ByoClusterSpec {
+            control_plane_endpoint: Some(ApiEndpoint {
+                host: host.into(),
+                port: Some(6443),
+            }),
+            ..Default::default()
+        },
+    );
+    bc.metadata.namespace = Some(ns.clone());
+    bc.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: Cluster::api_version(&()).into(),
+        kind: "Cluster".into(),
+        name: cluster.name_any(),
+        uid: cluster.uid().unwrap(),
+        ..Default::default()
+    }]);
+    Api::<ByoCluster>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &bc)
+        .await
+        .unwrap()
+}
+
+/// A Machine in `ns` with its bootstrap data Secret, and the ByoMachine it owns, written with
+/// `admin` as CAPI creates them.
+pub async fn create_machine(
+    admin: &kube::Client,
+    ns: &str,
+    cluster: &str,
+    name: &str,
+    selector: Option<LabelSelector>,
+) -> ByoMachine {
+    let data = format!("#cloud-config\nruncmd:\n- echo {name}\n");
+    let secret = Secret {
+        metadata: meta(&format!("{name}-bootstrap-data"), ns),
+        data: Some(BTreeMap::from([
+            ("value".to_string(), ByteString(data.into_bytes())),
+            ("format".to_string(), ByteString(b"cloud-config".to_vec())),
+        ])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let mut m = Machine::new(
+        name,
+        MachineSpec {
+            cluster_name: cluster.into(),
+            bootstrap: Bootstrap {
+                data_secret_name: Some(format!("{name}-bootstrap-data")),
+                config_ref: None,
+            },
+            infrastructure_ref: ContractVersionedObjectReference {
+                api_group: "infrastructure.cluster.x-k8s.io".into(),
+                kind: "ByoMachine".into(),
+                name: name.into(),
+            },
+            ..Default::default()
+        },
+    );
+    m.metadata.namespace = Some(ns.into());
+    m.metadata.labels = Some(BTreeMap::from([(
+        "cluster.x-k8s.io/cluster-name".into(),
+        cluster.into(),
+    )]));
+    let m = Api::<Machine>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &m)
+        .await
+        .unwrap();
+    let mut bm = ByoMachine::new(
+        name,
+        ByoMachineSpec {
+            selector,
+            ..Default::default()
+        },
+    );
+    bm.metadata.namespace = Some(ns.into());
+    bm.metadata.labels = Some(BTreeMap::from([(
+        "cluster.x-k8s.io/cluster-name".into(),
+        cluster.into(),
+    )]));
+    bm.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: Machine::api_version(&()).into(),
+        kind: "Machine".into(),
+        name: name.into(),
+        uid: m.uid().unwrap(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    Api::<ByoMachine>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &bm)
+        .await
+        .unwrap()
+}
+
 /// A host played by the test with its own identity (`byoh:host:<name>`, group `byoh:hosts`).
 pub struct Host {
     pub name: String,
@@ -285,6 +313,38 @@ pub struct Host {
 }
 
 impl Host {
+    /// Registers host `name` in pool `ns` as its agent would, with the host's own `client`: its
+    /// ByoHost with `labels`, inventory and `Registered`, and a fresh Lease when `online`.
+    pub async fn register(
+        client: kube::Client,
+        ns: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        online: bool,
+    ) -> Host {
+        let mut h = ByoHost::new(name, ByoHostSpec::default());
+        h.metadata.namespace = Some(ns.into());
+        h.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        Api::<ByoHost>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &h)
+            .await
+            .unwrap();
+        let host = Host {
+            name: name.into(),
+            ns: ns.into(),
+            client,
+        };
+        host.inventory(name).await;
+        host.report("Registered", true, "Registered").await;
+        host.heartbeat(if online { 3600 } else { -3600 }).await;
+        host
+    }
+
     /// Renews (or, with a negative age, backdates) the heartbeat Lease.
     pub async fn heartbeat(&self, valid_for_secs: i64) {
         let renew = if valid_for_secs >= 0 {
