@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bootsman_operator::OperatorSettings;
 use bootsman_operator::controller::{self, Context};
-use bootsman_runtime::lifecycle::{self, Process};
+use bootsman_runtime::lifecycle::{self, ProcessArgs};
 use bootsman_runtime::metrics::Metrics;
 use clap::Parser;
 
@@ -24,15 +24,8 @@ struct Args {
     /// kube-vip image. Public upstream locations when not given.
     #[arg(long, env = "BOOTSMAN_OPERATOR_SETTINGS")]
     settings: Option<PathBuf>,
-    /// Run the controller only while holding the leader Lease.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    leader_elect: bool,
-    /// Namespace of the leader Lease (defaults to the pod's namespace, then `default`).
-    #[arg(long, env = "POD_NAMESPACE")]
-    leader_elect_namespace: Option<String>,
-    /// Address of the /livez, /readyz and /metrics server.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    metrics_bind_address: std::net::SocketAddr,
+    #[command(flatten)]
+    process: ProcessArgs,
 }
 
 /// The client of the management cluster; a stalled connection fails the request instead of
@@ -59,12 +52,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let client = client().await?;
     let metrics = Arc::new(Metrics::new()?);
-    let process = Process {
-        lease_name: "bootsman-operator".into(),
-        leader_elect: args.leader_elect,
-        lease_namespace: args.leader_elect_namespace.unwrap_or_else(|| "default".into()),
-        metrics_bind_address: args.metrics_bind_address,
-    };
+    let process = args.process.process("bootsman-operator");
     let ctx = Arc::new(Context::new(client.clone(), settings, metrics.clone()));
     let namespace = args.namespace;
     lifecycle::run(client, process, metrics, |shutdown| async move {

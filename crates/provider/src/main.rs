@@ -1,14 +1,12 @@
 //! `bootsman-provider`: the Cluster API infrastructure provider for a pool of bare-metal hosts.
 //! See the crate documentation and the README for flags, metrics and Events.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::Arc;
-
-use bootsman_runtime::leader::{LeaderElection, always_leader};
+use bootsman_runtime::lifecycle::{self, ProcessArgs};
 use bootsman_runtime::metrics::Metrics;
 use clap::Parser;
-use tokio::sync::watch;
 
 use bootsman_provider::{Config, SharedPool};
 
@@ -30,15 +28,8 @@ struct Args {
     /// How long a released host may take to report CleanupSucceeded before it is quarantined.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     release_timeout: Duration,
-    /// Run the controllers only while holding the leader Lease.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    leader_elect: bool,
-    /// Namespace of the leader Lease (defaults to the pod's namespace, then `default`).
-    #[arg(long, env = "POD_NAMESPACE")]
-    leader_elect_namespace: Option<String>,
-    /// Address of the /livez, /readyz and /metrics server.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    metrics_bind_address: std::net::SocketAddr,
+    #[command(flatten)]
+    process: ProcessArgs,
     /// Approve the client-certificate requests of enrolling and renewing hosts (and deny forged
     /// ones) while leading. Turn off only when another approver decides them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -110,79 +101,17 @@ async fn main() -> anyhow::Result<()> {
     };
     let metrics = Arc::new(Metrics::new()?);
     let approve_host_csrs = args.approve_host_csrs;
-
-    // Stops on SIGTERM or Ctrl-C.
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
-        tracing::info!("shutting down");
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-
-    // Ready once the process serves; readiness never depends on leadership.
-    let server = bootsman_runtime::server::bind(args.metrics_bind_address).await?;
-    let (_ready_tx, ready_rx) = watch::channel(true);
-    let server_task = tokio::spawn(server.serve(metrics.clone(), ready_rx, stopped(stop_rx.clone())));
-
-    let (mut leader, election) = if args.leader_elect {
-        let ns = args.leader_elect_namespace.unwrap_or_else(|| "default".into());
-        let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
-            format!(
-                "{}-{}",
-                std::env::var("HOSTNAME").unwrap_or_else(|_| "provider".into()),
-                std::process::id()
-            )
-        });
-        let (rx, handle) = LeaderElection::new(client.clone(), ns, "bootsman-provider", identity)
-            .start()
-            .await?;
-        (rx, Some(handle))
-    } else {
-        (always_leader(), None)
-    };
-    tracing::info!("waiting for leadership");
-    tokio::select! {
-        r = leader.wait_for(|held| *held) => { r?; }
-        () = stopped(stop_rx.clone()) => { let _ = server_task.await; return Ok(()); }
-    }
-    tracing::info!("leading: starting controllers");
-    let mut lost = leader.clone();
-    let stop = stop_rx.clone();
-    let shutdown = async move {
-        tokio::select! {
-            lost = async {
-                // A closed channel (no election) never changes: leadership is never lost.
-                if lost.wait_for(|held| !*held).await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            } => { let () = lost; tracing::error!("lost the leader Lease") },
-            () = stopped(stop) => {}
-        }
-    };
-    let result = match election {
-        Some(mut handle) => {
-            let outcome = tokio::select! {
-                r = run_leading(client, config, metrics, approve_host_csrs, shutdown) => r,
-                r = &mut handle => Err(anyhow::anyhow!("the leader election ended: {r:?}")),
-            };
-            let _ = handle.stop().await;
-            outcome
-        }
-        None => run_leading(client, config, metrics, approve_host_csrs, shutdown).await,
-    };
-    let _ = server_task.await;
-    result?;
-    if !*stop_rx.borrow() {
-        anyhow::bail!(
-            "stopped reconciling after losing the leader Lease; exiting so a fresh candidate starts"
-        );
-    }
+    let process = args.process.process("bootsman-provider");
+    lifecycle::run(client.clone(), process, metrics.clone(), |shutdown| async move {
+        run_leading(client, config, metrics, approve_host_csrs, shutdown)
+            .await
+            .map_err(Failed)
+    })
+    .await?;
     Ok(())
 }
+
+/// A failure of the controllers or the approver, with its causes.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+struct Failed(anyhow::Error);

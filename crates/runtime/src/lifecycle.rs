@@ -29,6 +29,35 @@ pub struct Process {
     pub metrics_bind_address: SocketAddr,
 }
 
+/// The command-line flags every controller binary shares (`#[command(flatten)]`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct ProcessArgs {
+    /// Run the controllers only while holding the leader Lease.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease (defaults to the pod's namespace, then `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_elect_namespace: Option<String>,
+    /// Address of the /livez, /readyz and /metrics server.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: SocketAddr,
+}
+
+impl ProcessArgs {
+    /// The process settings with the leader Lease `lease_name`.
+    pub fn process(&self, lease_name: &str) -> Process {
+        Process {
+            lease_name: lease_name.into(),
+            leader_elect: self.leader_elect,
+            lease_namespace: self
+                .leader_elect_namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            metrics_bind_address: self.metrics_bind_address,
+        }
+    }
+}
+
 /// Why the process ended other than by a clean shutdown.
 #[derive(Debug, thiserror::Error)]
 pub enum Exit<E: std::error::Error + 'static> {
