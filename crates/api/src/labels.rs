@@ -11,6 +11,10 @@ pub const CLUSTERCTL_MOVE: &str = "clusterctl.cluster.x-k8s.io/move";
 pub const CLUSTERCTL_BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
 /// Label CAPI puts on every object belonging to a cluster; the operator puts it on what it renders.
 pub const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
+/// Label CAPI puts on control-plane Machines (and their infrastructure machines).
+pub const CONTROL_PLANE: &str = "cluster.x-k8s.io/control-plane";
+/// Label CAPI puts on the Machines of a MachineDeployment, with the MachineDeployment's name.
+pub const DEPLOYMENT_NAME: &str = "cluster.x-k8s.io/deployment-name";
 /// Annotation that pauses reconciliation of one object (CAPI convention).
 pub const PAUSED: &str = "cluster.x-k8s.io/paused";
 /// Label on a CAPI Cluster that Rancher Turtles watches to import the cluster automatically.

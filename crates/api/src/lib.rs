@@ -10,6 +10,7 @@
 //! - [`v1alpha1`]: the provisioning operator's `BootsmanCluster` in `bootsman.io/v1alpha1`.
 //! - [`capi`]: typed views of the Cluster API v1beta2 objects (and CAAPH `HelmChartProxy`) that the
 //!   provider and operator read and write. No CRDs are generated for these; CAPI ships its own.
+//! - [`pools`]: shared host pools (which namespaces may use a pool's hosts).
 //! - [`crdgen`]: deterministic CRD YAML generation, used by the `crdgen` binary and the drift test.
 //!
 //! Validation lives in the CRDs as CEL rules (so `kubectl apply` fails at once with a message naming
@@ -25,6 +26,7 @@ pub mod condition;
 pub mod crdgen;
 pub mod identity;
 pub mod labels;
+pub mod pools;
 pub mod v1alpha1;
 pub mod v1beta1;
 

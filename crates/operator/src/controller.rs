@@ -14,9 +14,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bootsman_api::capi::{Cluster, KubeadmControlPlane, MachineDeployment};
+use bootsman_api::capi::{Cluster, KubeadmControlPlane, Machine, MachineDeployment};
+use bootsman_api::labels;
+use bootsman_api::pools::SharedPool;
 use bootsman_api::v1alpha1::{BootsmanCluster, BootsmanClusterStatus, ClusterPhase, ReplicaCounts};
-use bootsman_api::v1beta1::{ByoHost, HostPhase};
+use bootsman_api::v1beta1::{ByoHost, ByoMachine, HostPhase};
 use bootsman_runtime::conditions::{self, Status};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
@@ -52,6 +54,9 @@ pub struct Context {
     pub metrics: Arc<bootsman_runtime::metrics::Metrics>,
     /// Publishes Events on BootsmanClusters.
     pub recorder: Recorder,
+    /// Host pools in other namespaces the provider lets machines use (its `--pool` flags), counted
+    /// for `HostsAvailable` besides the cluster's own namespace.
+    pub shared_pools: Vec<SharedPool>,
 }
 
 impl Context {
@@ -73,7 +78,26 @@ impl Context {
             settings,
             metrics,
             recorder,
+            shared_pools: Vec::new(),
         }
+    }
+
+    /// The same, counting the hosts of these shared pools too.
+    pub fn with_shared_pools(mut self, pools: Vec<SharedPool>) -> Self {
+        self.shared_pools = pools;
+        self
+    }
+
+    /// Namespaces whose hosts a cluster in `namespace` may use: its own, then every shared pool
+    /// that allows it.
+    fn pools_for(&self, namespace: &str) -> Vec<String> {
+        let mut out = vec![namespace.to_string()];
+        for p in &self.shared_pools {
+            if p.allows(namespace) && !out.contains(&p.namespace) {
+                out.push(p.namespace.clone());
+            }
+        }
+        out
     }
 }
 
@@ -237,6 +261,46 @@ async fn apply_if_changed(client: &kube::Client, obj: Value) -> Result<Option<St
     Ok(Some(format!("{kind}/{name}")))
 }
 
+/// Key of [`serving_hosts`] for the control plane (worker pools are keyed by MachineDeployment).
+const CONTROL_PLANE_ROLE: &str = "control-plane";
+
+/// How many hosts already serve cluster `name`: for each role (the control plane, or a worker
+/// pool's MachineDeployment name), the Machines whose ByoMachine has a host bound. A Machine that
+/// exists but still waits for a host needs one as much as a Machine not yet created.
+async fn serving_hosts(ctx: &Context, ns: &str, name: &str) -> Result<BTreeMap<String, i32>, Error> {
+    let selector = ListParams::default().labels(&format!("{}={name}", labels::CLUSTER_NAME));
+    let machines = Api::<Machine>::namespaced(ctx.client.clone(), ns)
+        .list(&selector)
+        .await
+        .map_err(kube_err("listing Machines"))?;
+    let byomachines = Api::<ByoMachine>::namespaced(ctx.client.clone(), ns)
+        .list(&selector)
+        .await
+        .map_err(kube_err("listing ByoMachines"))?;
+    let bound: std::collections::BTreeSet<String> = byomachines
+        .items
+        .iter()
+        .filter(|bm| bm.status.as_ref().is_some_and(|s| s.host_ref.is_some()))
+        .map(ResourceExt::name_any)
+        .collect();
+    let mut out = BTreeMap::new();
+    for m in &machines.items {
+        if !bound.contains(&m.spec.infrastructure_ref.name) {
+            continue;
+        }
+        let machine_labels = m.labels();
+        let role = if machine_labels.contains_key(labels::CONTROL_PLANE) {
+            CONTROL_PLANE_ROLE.to_string()
+        } else if let Some(md) = machine_labels.get(labels::DEPLOYMENT_NAME) {
+            md.clone()
+        } else {
+            continue;
+        };
+        *out.entry(role).or_insert(0) += 1;
+    }
+    Ok(out)
+}
+
 /// Whether `observed` holds every field of `desired` with the same value (objects may carry
 /// more keys, such as server defaults; lists must match element by element).
 pub fn contains(observed: &Value, desired: &Value) -> bool {
@@ -272,28 +336,31 @@ async fn observe(
         desired: bc.spec.control_plane.replicas,
         ready: kcp_status.ready_replicas.unwrap_or(0),
     };
-    let cp_existing = kcp_status.replicas.unwrap_or(0);
+
+    // Hosts already serving this cluster, per role: Machines whose ByoMachine has a host bound.
+    let serving = serving_hosts(ctx, &ns, &name).await?;
 
     let mds = Api::<MachineDeployment>::namespaced(ctx.client.clone(), &ns);
     let mut workers = ReplicaCounts::default();
     let mut pool_missing = Vec::new();
-    let hosts = Api::<ByoHost>::namespaced(ctx.client.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .map_err(kube_err("listing ByoHosts"))?;
-    let free: Vec<&ByoHost> = hosts
-        .items
-        .iter()
-        .filter(|h| {
+    let mut free: Vec<ByoHost> = Vec::new();
+    for pool_ns in ctx.pools_for(&ns) {
+        let hosts = Api::<ByoHost>::namespaced(ctx.client.clone(), &pool_ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err(format!("listing ByoHosts in {pool_ns}")))?;
+        free.extend(hosts.items.into_iter().filter(|h| {
             h.status.as_ref().and_then(|s| s.phase) == Some(HostPhase::Available)
                 && h.spec.machine_ref.is_none()
                 && h.spec.maintenance != Some(true)
                 && h.spec.quarantine.is_none()
-        })
-        .collect();
+                && h.metadata.deletion_timestamp.is_none()
+        }));
+    }
     let count = |sel: Option<&LabelSelector>| free.iter().filter(|h| matches(sel, h.labels())).count() as i32;
 
-    let cp_needed = (cp.desired - cp_existing).max(0);
+    let cp_bound = serving.get(CONTROL_PLANE_ROLE).copied().unwrap_or(0);
+    let cp_needed = (cp.desired - cp_bound).max(0);
     let cp_free = count(bc.spec.control_plane.host_selector.as_ref());
     if cp_needed > cp_free {
         pool_missing.push(format!(
@@ -302,15 +369,16 @@ async fn observe(
         ));
     }
     for pool in &bc.spec.workers {
+        let md_name = pool_object_name(&name, &pool.name);
         let md = mds
-            .get_opt(&pool_object_name(&name, &pool.name))
+            .get_opt(&md_name)
             .await
             .map_err(kube_err("reading MachineDeployment"))?;
         let s = md.and_then(|m| m.status).unwrap_or_default();
         workers.desired += pool.replicas;
         workers.ready += s.ready_replicas.unwrap_or(0);
-        let existing = s.replicas.unwrap_or(0);
-        let needed = (pool.replicas - existing).max(0);
+        let bound = serving.get(md_name.as_str()).copied().unwrap_or(0);
+        let needed = (pool.replicas - bound).max(0);
         let avail = count(pool.host_selector.as_ref());
         if needed > avail {
             pool_missing.push(format!(
@@ -399,7 +467,7 @@ async fn observe(
     let old_phase = status.phase;
     status.phase = Some(if ready {
         ClusterPhase::Ready
-    } else if cp_existing == 0 && workers.ready == 0 {
+    } else if kcp_status.replicas.unwrap_or(0) == 0 && workers.ready == 0 {
         ClusterPhase::Pending
     } else if status
         .control_plane
@@ -614,15 +682,20 @@ pub async fn run(
     };
     let controller = Controller::new(api(&client), watcher::Config::default());
     let store = controller.store();
+    let pools = ctx.shared_pools.clone();
     controller
         .owns(kcps, watcher::Config::default())
         .owns(mds, watcher::Config::default())
         .watches(hosts, watcher::Config::default(), move |h: ByoHost| {
-            let ns = h.namespace();
+            // A host wakes the clusters of its namespace and of every namespace its pool serves.
+            let ns = h.namespace().unwrap_or_default();
             store
                 .state()
                 .into_iter()
-                .filter(|b| b.namespace() == ns)
+                .filter(|b| {
+                    let bns = b.namespace().unwrap_or_default();
+                    bns == ns || pools.iter().any(|p| p.namespace == ns && p.allows(&bns))
+                })
                 .map(|b| kube::runtime::reflector::ObjectRef::from_obj(&*b))
                 .collect::<Vec<_>>()
         })

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bootsman_api::pools::SharedPool;
 use bootsman_operator::OperatorSettings;
 use bootsman_operator::controller::{self, Context};
 use bootsman_runtime::lifecycle::{self, ProcessArgs};
@@ -24,6 +25,11 @@ struct Args {
     /// kube-vip image. Public upstream locations when not given.
     #[arg(long, env = "BOOTSMAN_OPERATOR_SETTINGS")]
     settings: Option<PathBuf>,
+    /// A shared pool of hosts, as the provider's flag of the same name: `NAMESPACE=ALLOWED1,ALLOWED2`
+    /// or `NAMESPACE=*` (repeatable). Its free hosts count for `HostsAvailable` of clusters in the
+    /// allowed namespaces.
+    #[arg(long = "pool", value_parser = SharedPool::parse)]
+    pools: Vec<SharedPool>,
     #[command(flatten)]
     process: ProcessArgs,
 }
@@ -53,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
     let client = client().await?;
     let metrics = Arc::new(Metrics::new()?);
     let process = args.process.process("bootsman-operator");
-    let ctx = Arc::new(Context::new(client.clone(), settings, metrics.clone()));
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics.clone()).with_shared_pools(args.pools));
     let namespace = args.namespace;
     lifecycle::run(client, process, metrics, |shutdown| async move {
         controller::run(ctx, namespace, shutdown).await;

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bootsman_api::capi::{Cluster, KubeadmControlPlane, MachineDeployment};
+use bootsman_api::pools::SharedPool;
 use bootsman_api::v1alpha1::BootsmanCluster;
 use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
 use bootsman_operator::{OperatorSettings, render};
@@ -352,6 +353,40 @@ async fn a_short_pool_reports_the_missing_hosts_per_role_and_then_enough() {
     // One more free control-plane host: the watch on ByoHosts updates the condition.
     available_host(&client, &ns, "cp-2", "control-plane").await;
     wait_condition(&api, "demo", "HostsAvailable", "True").await;
+    op.stop().await;
+}
+
+/// Hosts of a shared pool count for the namespaces the pool allows, and only for those.
+#[tokio::test]
+async fn a_shared_pool_counts_for_the_namespaces_it_allows() {
+    let env = env().await;
+    let ns = env.create_namespace("op-team").await;
+    let pool = env.create_namespace("op-rack").await;
+    let client = env.client().await;
+    // The cluster's own namespace has one control-plane host; the shared pool has the rest.
+    available_host(&client, &ns, "cp-0", "control-plane").await;
+    for i in 1..3 {
+        available_host(&client, &pool, &format!("cp-{i}"), "control-plane").await;
+    }
+    for i in 0..3 {
+        available_host(&client, &pool, &format!("w-{i}"), "worker").await;
+    }
+    let other = SharedPool::parse(&format!("{pool}=someone-else")).unwrap();
+    let op = Operator::start_with_pools(env, &ns, vec![other]).await;
+    let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &sample(&ns)).await.unwrap();
+    let bc = wait_condition(&api, "demo", "HostsAvailable", "False").await;
+    assert_eq!(
+        condition(&bc, "HostsAvailable").message,
+        "control-plane: 2 more host(s) needed; workers/default: 3 more host(s) needed",
+        "a pool that does not allow the namespace does not count"
+    );
+    op.stop().await;
+
+    let allowed = SharedPool::parse(&format!("{pool}={ns}")).unwrap();
+    let op = Operator::start_with_pools(env, &ns, vec![allowed]).await;
+    let bc = wait_condition(&api, "demo", "HostsAvailable", "True").await;
+    assert_eq!(condition(&bc, "HostsAvailable").reason, "Enough");
     op.stop().await;
 }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bootsman_api::capi::HelmChartProxy;
+use bootsman_api::pools::SharedPool;
 use bootsman_api::v1alpha1::BootsmanCluster;
 use bootsman_operator::OperatorSettings;
 use bootsman_operator::controller::{Context, run};
@@ -59,12 +60,15 @@ pub struct Operator {
 
 impl Operator {
     pub async fn start(env: &TestEnv, ns: &str) -> Self {
+        Self::start_with_pools(env, ns, Vec::new()).await
+    }
+
+    /// The same, counting the hosts of `pools` (the operator's `--pool` flags).
+    pub async fn start_with_pools(env: &TestEnv, ns: &str, pools: Vec<SharedPool>) -> Self {
         let metrics = Arc::new(bootsman_runtime::metrics::Metrics::new().unwrap());
-        let ctx = Arc::new(Context::new(
-            env.client().await,
-            OperatorSettings::default(),
-            metrics,
-        ));
+        let ctx = Arc::new(
+            Context::new(env.client().await, OperatorSettings::default(), metrics).with_shared_pools(pools),
+        );
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(run(ctx, Some(ns.into()), async move {
             let _ = rx.await;
