@@ -25,6 +25,10 @@
 //! An enrolled host's rights live in its pool only: before approving, the approver binds the
 //! ClusterRole `bootsman:host` to user `byoh:host:<name>` with a RoleBinding in the pool namespace
 //! (see [`grant_pool_access`]). A token for a pool whose namespace does not exist is denied.
+//! Once the host's ByoHost exists, the provider's host-health controller makes the ByoHost the
+//! binding's owner, so the garbage collector takes the binding, and the host's rights, with the
+//! ByoHost. A binding still owned by a ByoHost that is gone is replaced, never reused, when the
+//! host enrols again.
 //!
 //! Decisions are counted in `bootsman_provider_host_csrs_total{decision,reason}` and logged with
 //! the CSR's name, requester and reason.
@@ -34,14 +38,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bootsman_api::identity;
+use bootsman_api::v1beta1::ByoHost;
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use prometheus::{IntCounterVec, Opts};
 use serde_json::json;
 use x509_parser::prelude::FromDer;
@@ -64,11 +71,74 @@ pub fn pool_binding_name(host: &str) -> String {
     identity::host_user(host)
 }
 
+/// Whether `binding` is exactly what [`grant_pool_access`] writes for host `host`: named
+/// `byoh:host:<host>`, binding ClusterRole [`HOST_CLUSTER_ROLE`] to user `byoh:host:<host>` and
+/// to no one else. Only such a binding is handed to the host's ByoHost as its owner.
+pub fn is_pool_binding(binding: &RoleBinding, host: &str) -> bool {
+    let user = identity::host_user(host);
+    let role = &binding.role_ref;
+    let subject_is_host = match binding.subjects.as_deref() {
+        Some([s]) => {
+            s.kind == "User"
+                && s.name == user
+                && s.api_group.as_deref() == Some("rbac.authorization.k8s.io")
+                && s.namespace.as_deref().unwrap_or_default().is_empty()
+        }
+        _ => false,
+    };
+    binding.metadata.name.as_deref() == Some(pool_binding_name(host).as_str())
+        && role.api_group == "rbac.authorization.k8s.io"
+        && role.kind == "ClusterRole"
+        && role.name == HOST_CLUSTER_ROLE
+        && subject_is_host
+}
+
+/// Whether `owner` names a ByoHost (any version of its API group).
+pub fn is_host_owner(owner: &OwnerReference) -> bool {
+    let group = ByoHost::group(&());
+    owner.kind == ByoHost::kind(&()) && owner.api_version.split('/').next() == Some(group.as_ref())
+}
+
+/// Whether `binding` belongs to a ByoHost that is gone: it names ByoHost owners, and none of them
+/// is `live_host` (the uid of the host's current ByoHost, if it has one that is not being
+/// deleted). The garbage collector deletes such a binding, so it must not carry a re-enrolled
+/// host's rights.
+pub fn owned_by_a_gone_host(binding: &RoleBinding, live_host: Option<&str>) -> bool {
+    let owners: Vec<_> = binding
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| is_host_owner(o))
+        .collect();
+    !owners.is_empty() && !owners.iter().any(|o| Some(o.uid.as_str()) == live_host)
+}
+
 /// Grants host `host` the ClusterRole [`HOST_CLUSTER_ROLE`] in namespace `pool`, and only there:
 /// a RoleBinding for user `byoh:host:<host>`, written with server-side apply (idempotent). The
 /// pool comes from the token the API server authenticated, so a host cannot pick it.
+///
+/// The apply leaves `metadata.ownerReferences` alone (the provider writes the host's ByoHost there
+/// with a field manager of its own), so a repeated grant keeps the binding owned. A binding whose
+/// ByoHost owner is gone (or going) is deleted first and written afresh: the garbage collector
+/// deletes by uid, so it cannot take the new one.
 pub async fn grant_pool_access(client: &kube::Client, pool: &str, host: &str) -> Result<(), kube::Error> {
     let name = pool_binding_name(host);
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), pool);
+    if let Some(old) = bindings.get_opt(&name).await?
+        && old.metadata.owner_references.iter().flatten().any(is_host_owner)
+    {
+        // A ByoHost being deleted is as good as gone: the binding would go with it.
+        let live = Api::<ByoHost>::namespaced(client.clone(), pool)
+            .get_opt(host)
+            .await?
+            .filter(|h| h.metadata.deletion_timestamp.is_none())
+            .and_then(|h| h.uid());
+        if owned_by_a_gone_host(&old, live.as_deref()) {
+            delete_exactly(&bindings, &name, old.uid()).await?;
+            tracing::info!(%pool, %host, "replaced the pool RoleBinding of a deleted ByoHost");
+        }
+    }
     let binding = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
@@ -88,7 +158,7 @@ pub async fn grant_pool_access(client: &kube::Client, pool: &str, host: &str) ->
             "name": identity::host_user(host),
         }],
     });
-    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), pool)
+    bindings
         .patch(
             &name,
             &PatchParams::apply(FIELD_MANAGER).force(),
@@ -562,20 +632,31 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
         }
     }
     let action = decide(&csr, &ctx, Ok(&req)).await?;
+    if let Err(e) = delete_exactly(&secrets, &secret_name, secret.uid()).await {
+        // The approval stands; the spent token is denied for any other CSR, and expires anyway.
+        tracing::warn!(token = %secret_name, error = %e, "deleting the spent token failed");
+    }
+    Ok(action)
+}
+
+/// Deletes object `name` if it is still the one with `uid` (a successor of the same name stays);
+/// an object already gone is no error.
+async fn delete_exactly<K>(api: &Api<K>, name: &str, uid: Option<String>) -> Result<(), kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let dp = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: secret.uid(),
+            uid,
             resource_version: None,
         }),
         ..DeleteParams::default()
     };
-    match secrets.delete(&secret_name, &dp).await {
-        Ok(_) => {}
-        Err(e) if is_not_found(&e) => {}
-        // The approval stands; the spent token is denied for any other CSR, and expires anyway.
-        Err(e) => tracing::warn!(token = %secret_name, error = %e, "deleting the spent token failed"),
+    match api.delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => Err(e),
     }
-    Ok(action)
 }
 
 /// Writes the decision through the `approval` subresource, preconditioned on the CSR's
@@ -899,5 +980,81 @@ mod tests {
             check_token(None, &Request::Renew { host: "h1".into() }, "x", now),
             Ok(())
         );
+    }
+
+    fn binding(host: &str) -> RoleBinding {
+        RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(pool_binding_name(host)),
+                ..Default::default()
+            },
+            role_ref: k8s_openapi::api::rbac::v1::RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: HOST_CLUSTER_ROLE.into(),
+            },
+            subjects: Some(vec![k8s_openapi::api::rbac::v1::Subject {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "User".into(),
+                name: identity::host_user(host),
+                namespace: None,
+            }]),
+        }
+    }
+
+    #[test]
+    fn pool_bindings() {
+        assert!(is_pool_binding(&binding("h1"), "h1"));
+        assert!(!is_pool_binding(&binding("h1"), "h2"), "another host's binding");
+        let mut b = binding("h1");
+        let mut alice = b.subjects.as_ref().expect("subjects")[0].clone();
+        alice.name = "alice".into();
+        b.subjects.as_mut().expect("subjects").push(alice);
+        assert!(!is_pool_binding(&b, "h1"), "a second subject");
+        let mut b = binding("h1");
+        b.subjects.as_mut().expect("subjects")[0].kind = "Group".into();
+        assert!(!is_pool_binding(&b, "h1"), "a group of that name");
+        let mut b = binding("h1");
+        b.subjects = None;
+        assert!(!is_pool_binding(&b, "h1"), "no subject");
+        let mut b = binding("h1");
+        b.role_ref.name = "admin".into();
+        assert!(!is_pool_binding(&b, "h1"), "another role");
+        let mut b = binding("h1");
+        b.role_ref.kind = "Role".into();
+        assert!(!is_pool_binding(&b, "h1"), "a Role of that name");
+        let mut b = binding("h1");
+        b.metadata.name = Some("other".into());
+        assert!(!is_pool_binding(&b, "h1"), "another name");
+    }
+
+    #[test]
+    fn bindings_of_gone_hosts() {
+        let owner = |kind: &str, api_version: &str, uid: &str| OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "h1".into(),
+            uid: uid.into(),
+            ..Default::default()
+        };
+        let host = |uid: &str| owner("ByoHost", "infrastructure.cluster.x-k8s.io/v1beta1", uid);
+        let mut b = binding("h1");
+        assert!(
+            !owned_by_a_gone_host(&b, None),
+            "never owned: fresh from the approver"
+        );
+        b.metadata.owner_references = Some(vec![host("u1")]);
+        assert!(!owned_by_a_gone_host(&b, Some("u1")), "owned by the live host");
+        assert!(
+            owned_by_a_gone_host(&b, Some("u2")),
+            "the host was deleted and registered again"
+        );
+        assert!(owned_by_a_gone_host(&b, None), "the host was deleted");
+        b.metadata.owner_references = Some(vec![host("u1"), host("u2")]);
+        assert!(!owned_by_a_gone_host(&b, Some("u2")), "one owner is live");
+        b.metadata.owner_references = Some(vec![owner("ConfigMap", "v1", "u3")]);
+        assert!(!owned_by_a_gone_host(&b, None), "not owned by a host");
+        b.metadata.owner_references = Some(vec![owner("ByoHost", "example.com/v1", "u3")]);
+        assert!(!owned_by_a_gone_host(&b, None), "a ByoHost of another API group");
     }
 }

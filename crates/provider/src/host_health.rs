@@ -6,13 +6,23 @@
 //!
 //! Field manager: `bootsman-provider/health` (owns `status.phase` and the `AgentHealthy`
 //! condition only; the agent owns the rest of the status). Also keeps the pool-size gauges.
+//!
+//! It also hands each host's pool access to its ByoHost: the RoleBinding `byoh:host:<host>` the
+//! CSR approver wrote at enrollment (see [`crate::csr_approver::grant_pool_access`]) gets the
+//! ByoHost as owner (`blockOwnerDeletion: false`), so the garbage collector deletes the binding
+//! with the ByoHost and a deleted host's certificate no longer carries rights in the pool. Only a
+//! binding of that host's user alone is adopted. Field manager `bootsman-provider/host-access`
+//! (owns that one owner reference; the approver's apply leaves it alone). Each host is checked
+//! once per process once its binding is owned.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bootsman_api::condition::types;
 use bootsman_api::v1beta1::{ByoHost, HostPhase};
 use bootsman_runtime::conditions;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -20,6 +30,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::context::Context;
+use crate::csr_approver;
 use crate::error::{Result, kube as kerr};
 use crate::pool;
 
@@ -27,10 +38,105 @@ use crate::pool;
 pub const CONTROLLER: &str = "byohost-health";
 /// Field manager of `status.phase` and `AgentHealthy`.
 pub const MANAGER: &str = "bootsman-provider/health";
+/// Field manager of the ByoHost owner reference on the host's pool RoleBinding.
+pub const ACCESS_MANAGER: &str = "bootsman-provider/host-access";
 
-/// Reconciles the health of one host.
-pub async fn reconcile(host: Arc<ByoHost>, ctx: Arc<Context>) -> Result<Action> {
+/// The hosts (by ByoHost uid) whose pool RoleBinding this process has seen owned by them: they
+/// are not looked at again.
+#[derive(Debug, Default)]
+pub struct AdoptedBindings {
+    uids: Mutex<HashSet<String>>,
+}
+
+impl AdoptedBindings {
+    fn contains(&self, uid: &str) -> bool {
+        self.uids.lock().is_ok_and(|s| s.contains(uid))
+    }
+
+    /// Remembers `uid`; forgets the hosts that are no longer in the pool index when the set has
+    /// grown to twice the index.
+    fn insert(&self, uid: String, ctx: &Context) {
+        let Ok(mut set) = self.uids.lock() else {
+            return;
+        };
+        set.insert(uid);
+        if set.len() >= 64 && set.len() >= 2 * ctx.hosts.len() {
+            let live: HashSet<String> = ctx.hosts.state().iter().filter_map(|h| h.uid()).collect();
+            set.retain(|u| live.contains(u));
+        }
+    }
+}
+
+/// Makes the ByoHost the owner of the host's pool RoleBinding, when that binding exists, is the
+/// approver's binding for this host alone, and is not owned by it yet. The write carries the
+/// binding's `resourceVersion`, so a binding changed since it was read is not adopted.
+async fn adopt_pool_binding(host: &ByoHost, ctx: &Context, adopted: &AdoptedBindings) -> Result<()> {
+    let (Some(uid), Some(ns)) = (host.uid(), host.namespace()) else {
+        return Ok(());
+    };
+    if adopted.contains(&uid) {
+        return Ok(());
+    }
+    let name = host.name_any();
+    let binding_name = csr_approver::pool_binding_name(&name);
+    let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns);
+    let what = || format!("hand RoleBinding {ns}/{binding_name} to ByoHost {name}");
+    let Some(binding) = bindings.get_opt(&binding_name).await.map_err(kerr(what()))? else {
+        return Ok(());
+    };
+    if !csr_approver::is_pool_binding(&binding, &name) {
+        tracing::debug!(namespace = %ns, host = %name, "the host's RoleBinding is not the approver's; not adopted");
+        return Ok(());
+    }
+    let owned = binding
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == uid);
+    if !owned {
+        let body = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {
+                "name": binding_name,
+                "namespace": ns,
+                "resourceVersion": binding.resource_version(),
+                "ownerReferences": [{
+                    "apiVersion": ByoHost::api_version(&()),
+                    "kind": ByoHost::kind(&()),
+                    "name": name,
+                    "uid": uid,
+                    "blockOwnerDeletion": false,
+                }],
+            },
+        });
+        bindings
+            .patch(
+                &binding_name,
+                &PatchParams::apply(ACCESS_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(kerr(what()))?;
+        tracing::info!(namespace = %ns, host = %name, "the host's pool RoleBinding is now owned by its ByoHost");
+    }
+    adopted.insert(uid, ctx);
+    Ok(())
+}
+
+/// Reconciles the health of one host, and hands its pool RoleBinding to it.
+pub async fn reconcile(
+    host: Arc<ByoHost>,
+    ctx: Arc<Context>,
+    adopted: Arc<AdoptedBindings>,
+) -> Result<Action> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
+    // First, so a phase written by this reconcile is seen only after the binding was looked at.
+    // A failure here does not hold the health back; the next reconcile tries again.
+    if let Err(e) = adopt_pool_binding(&host, &ctx, &adopted).await {
+        tracing::warn!(error = %e, "adopting the host's pool RoleBinding failed; retrying later");
+    }
     if host.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }

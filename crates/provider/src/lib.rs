@@ -7,7 +7,8 @@
 //! - [`byo_cluster`]: ByoCluster → provisioned endpoint and failure domains;
 //! - [`byo_machine`]: ByoMachine → a claimed host, its bootstrap data, `providerID`, and the
 //!   release of the host when the machine goes;
-//! - [`host_health`]: heartbeat Lease → `AgentHealthy` and the host's phase.
+//! - [`host_health`]: heartbeat Lease → `AgentHealthy` and the host's phase; the host's pool
+//!   RoleBinding owned by its ByoHost.
 //!
 //! The claim protocol ([`byo_machine::claim`]) never binds one host to two machines, nor two
 //! hosts to one machine, even with several provider replicas racing. Decisions are pure
@@ -251,6 +252,7 @@ pub async fn run(
         .run(byo_cluster::reconcile, byo_cluster::error_policy, ctx.clone())
         .for_each(|_| async {});
 
+    let adopted = Arc::new(host_health::AdoptedBindings::default());
     let health_ctl = Controller::for_shared_stream(host_events_health, hosts.clone())
         .with_config(other_cfg.debounce(HEALTH_DEBOUNCE))
         .watches_shared_stream(lease_events, |lease: Arc<Lease>| {
@@ -258,7 +260,11 @@ pub async fn run(
             Some(ObjectRef::new(&lease.name_any()).within(&ns))
         })
         .graceful_shutdown_on(stopped(stop_rx.clone()))
-        .run(host_health::reconcile, host_health::error_policy, ctx.clone())
+        .run(
+            move |host, ctx| host_health::reconcile(host, ctx, adopted.clone()),
+            host_health::error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
 
     let gauge_ctx = ctx.clone();
