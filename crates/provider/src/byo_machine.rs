@@ -29,7 +29,6 @@ use bootsman_runtime::conditions::{self, Status};
 use bootsman_runtime::ssa;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -72,15 +71,49 @@ pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action>
     // Not paused: recorded with the next status write of `apply`, not on its own.
     set(&mut status, &bm, types::PAUSED, Status::False, "NotPaused", "");
 
-    let c = ctx.clone();
-    finalizer(&api, FINALIZER, bm, |event| async move {
-        match event {
-            FinalizerEvent::Apply(bm) => apply(bm, &c, machine, cluster, status).await,
-            FinalizerEvent::Cleanup(bm) => release::cleanup(bm, &c).await,
+    if bm.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer(&bm) {
+            return Ok(Action::await_change());
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+        // The finalizer goes only once the host is released (or was never claimed).
+        let action = release::cleanup(bm.clone(), &ctx).await?;
+        remove_finalizer(&api, &bm).await?;
+        return Ok(action);
+    }
+    // The finalizer is added by the first write that makes the machine hold something (the
+    // claim intent, see [`claim`]), not by a write of its own.
+    apply(bm, &ctx, machine, cluster, status).await
+}
+
+/// Whether the ByoMachine carries our finalizer.
+pub fn has_finalizer(bm: &ByoMachine) -> bool {
+    bm.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// The machine's finalizers with ours added (for a merge patch guarded by `resourceVersion`,
+/// which replaces the whole list), or `None` when ours is there already.
+pub fn finalizers_with_ours(bm: &ByoMachine) -> Option<Vec<String>> {
+    if has_finalizer(bm) {
+        return None;
+    }
+    let mut f = bm.finalizers().to_vec();
+    f.push(FINALIZER.to_string());
+    Some(f)
+}
+
+/// Removes our finalizer, guarded by the machine's `resourceVersion` (so no other writer's
+/// finalizer change is lost; a conflict is retried).
+async fn remove_finalizer(api: &Api<ByoMachine>, bm: &ByoMachine) -> Result<()> {
+    let rest: Vec<&String> = bm.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+    let patch = json!({"metadata": {"resourceVersion": bm.resource_version(), "finalizers": rest}});
+    api.patch(&bm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kerr(format!(
+            "remove the finalizer of ByoMachine {}/{}",
+            bm.namespace().unwrap_or_default(),
+            bm.name_any()
+        )))?;
+    Ok(())
 }
 
 /// Retries failed reconciles: quickly after a lost race, with a pause otherwise.
@@ -146,7 +179,9 @@ async fn apply(
         return Ok(Action::await_change());
     };
 
-    let host = match claim::ensure(&bm, ctx, &machine).await? {
+    // The machine as last written by this pass (the claim intent changes it).
+    let mut current = bm.as_ref().clone();
+    let host = match claim::ensure(&mut current, ctx, &machine).await? {
         claim::Claim::Held(host) => *host,
         claim::Claim::Waiting { reason, message } => {
             ctx.set_waiting(me, true);
@@ -172,23 +207,41 @@ async fn apply(
         &format!("host {host_ns}/{}", host.name_any()),
     );
 
+    if let Some(finalizers) = finalizers_with_ours(&current) {
+        // Held without our finalizer (a machine moved by `clusterctl move`, or one claimed by
+        // an older provider): the finalizer first, so that a deletion releases the host.
+        let patch = json!({"metadata": {
+            "resourceVersion": current.resource_version(),
+            "finalizers": finalizers,
+        }});
+        current = api
+            .patch(&bm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kerr(format!(
+                "add the finalizer of ByoMachine {ns}/{}",
+                bm.name_any()
+            )))?;
+        ctx.note_written(&current);
+    }
+
     let host = bootstrap::ensure(&bm, ctx, &host, &machine, &cluster, &data_secret).await?;
     let provider_id = format!("byoh://{host_ns}/{}", host.name_any());
-    if bm.spec.provider_id.is_none() || bm.annotations().contains_key(labels::CLUSTERCTL_BLOCK_MOVE) {
+    if current.spec.provider_id.is_none() || current.annotations().contains_key(labels::CLUSTERCTL_BLOCK_MOVE)
+    {
         // The claim and bootstrap hand-over are complete: record the providerID and let
         // `clusterctl move` proceed again.
         let patch = json!({
             "metadata": {"annotations": {labels::CLUSTERCTL_BLOCK_MOVE: null}},
             "spec": {"providerID": provider_id},
         });
-        let written = api
+        current = api
             .patch(&bm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kerr(format!(
                 "set providerID of ByoMachine {ns}/{}",
                 bm.name_any()
             )))?;
-        ctx.note_written(&written);
+        ctx.note_written(&current);
     }
 
     status.addresses = addresses(&host);
@@ -239,6 +292,11 @@ async fn apply(
             &message,
         );
         set(&mut status, &bm, types::READY, Status::False, reason, &message);
+    }
+    // The conditions were decided against the spec as this pass leaves it (with the providerID
+    // just written): say so, or the next pass would write the status again only to bump them.
+    for c in &mut status.conditions {
+        c.observed_generation = current.metadata.generation;
     }
     write_status(&api, &bm, status, ctx).await?;
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))

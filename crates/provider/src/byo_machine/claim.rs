@@ -48,18 +48,18 @@ pub enum Claim {
     },
 }
 
-/// Finds the host this machine holds, or claims one.
-pub async fn ensure(bm: &ByoMachine, ctx: &Context, machine: &Machine) -> Result<Claim> {
+/// Finds the host this machine holds, or claims one. `bm` is left as last written (the intent
+/// changes it).
+pub async fn ensure(bm: &mut ByoMachine, ctx: &Context, machine: &Machine) -> Result<Claim> {
     let ns = bm.namespace().unwrap_or_default();
     let uid = bm.uid().unwrap_or_default();
     let pools = ctx.config.pools_for(&ns);
-    let mut bm = bm.clone();
-    match lookup(&bm, ctx).await? {
+    match lookup(bm, ctx).await? {
         Lookup::Held(host) => return Ok(Claim::Held(Box::new(host))),
         Lookup::Intended(host) => {
             // The intent may be another replica's claim in flight: finish it, do not replace it.
-            if let Some(claimed) = attempt(&mut bm, ctx, &host, &machine.spec.cluster_name).await? {
-                return Ok(claimed_event(&bm, ctx, claimed).await);
+            if let Some(claimed) = attempt(bm, ctx, &host, &machine.spec.cluster_name).await? {
+                return Ok(claimed_event(bm, ctx, claimed).await);
             }
             ctx.metrics.claim_conflicts.inc();
         }
@@ -114,12 +114,12 @@ pub async fn ensure(bm: &ByoMachine, ctx: &Context, machine: &Machine) -> Result
         };
         tried.push(key(host));
         ctx.start_claim(host);
-        let claimed = attempt(&mut bm, ctx, host, &machine.spec.cluster_name).await;
+        let claimed = attempt(bm, ctx, host, &machine.spec.cluster_name).await;
         if claimed.is_err() {
             ctx.forget_claim(host);
         }
         match claimed? {
-            Some(claimed) => return Ok(claimed_event(&bm, ctx, claimed).await),
+            Some(claimed) => return Ok(claimed_event(bm, ctx, claimed).await),
             None => {
                 ctx.metrics.claim_conflicts.inc();
                 // Give the index a moment to learn about the winner before choosing again.
@@ -241,7 +241,8 @@ async fn attempt(
 }
 
 /// Records which host this machine is about to claim (guarded by the machine's resourceVersion,
-/// and always a change, thanks to a fresh attempt nonce).
+/// and always a change, thanks to a fresh attempt nonce). The first intent also adds the
+/// machine's finalizer: it is in place before any host can be bound to the machine.
 async fn write_intent(bm: &ByoMachine, ctx: &Context, host: &ByoHost) -> Result<ByoMachine> {
     use std::hash::{BuildHasher, Hasher};
     let ns = bm.namespace().unwrap_or_default();
@@ -249,7 +250,7 @@ async fn write_intent(bm: &ByoMachine, ctx: &Context, host: &ByoHost) -> Result<
     let nonce = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();
-    let patch = json!({"metadata": {
+    let mut patch = json!({"metadata": {
         "resourceVersion": bm.resource_version(),
         "annotations": {
             HOST_ANNOTATION: value,
@@ -257,6 +258,10 @@ async fn write_intent(bm: &ByoMachine, ctx: &Context, host: &ByoHost) -> Result<
             labels::CLUSTERCTL_BLOCK_MOVE: "claiming a host",
         },
     }});
+    if let Some(finalizers) = super::finalizers_with_ours(bm) {
+        // A merge patch replaces the list; the resourceVersion guard keeps others' entries.
+        patch["metadata"]["finalizers"] = json!(finalizers);
+    }
     Api::<ByoMachine>::namespaced(ctx.client.clone(), &ns)
         .patch(&bm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
