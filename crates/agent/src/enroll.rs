@@ -198,7 +198,28 @@ fn current_certificate(opts: &Options) -> Result<Option<Validity>, Error> {
             "the kubeconfig holds the certificate of another identity; enrolling anew");
         return Ok(None);
     }
-    Ok(Some(validity))
+    Ok(Some(counted_from_receipt(validity, written_at(&opts.kubeconfig))))
+}
+
+/// The validity that renewal counts with: signers backdate `notBefore` (kube-controller-manager
+/// by 5 minutes, without moving `notAfter` for short lifetimes), so 80 % of the nominal lifetime
+/// can lie in the past the moment a short-lived certificate arrives, and the agent would renew it
+/// again at once, forever. The lifetime therefore counts from when the certificate was written
+/// (`written`, if later than `notBefore` and not in the future): renewal comes at 80 % of what
+/// was left then, always before `notAfter`.
+fn counted_from_receipt(v: Validity, written: Option<i64>) -> Validity {
+    let start = written.map_or(v.not_before, |w| v.not_before.max(w.min(now())));
+    Validity {
+        not_before: start.min(v.not_after),
+        not_after: v.not_after,
+    }
+}
+
+/// When `path` was last written, in Unix seconds.
+fn written_at(path: &Path) -> Option<i64> {
+    let modified = std::fs::metadata(path).ok()?.modified().ok()?;
+    let secs = modified.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    i64::try_from(secs).ok()
 }
 
 async fn load(path: &Path) -> Result<kube::Config, Error> {
@@ -377,7 +398,11 @@ pub async fn renew_loop(
                 }
                 continue;
             }
-            Ok(_) => ensure_identity(opts).await,
+            // Shutdown also ends a renewal in progress (waiting for approval can take minutes).
+            Ok(_) => tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                r = ensure_identity(opts) => r,
+            },
             Err(e) => Err(e),
         };
         match result {
@@ -519,6 +544,29 @@ async fn wait_for_certificate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backdated_certificate_counts_from_its_receipt() {
+        // kube-controller-manager with a 1-minute signing duration: notBefore 5 min back.
+        let t = now();
+        let v = Validity {
+            not_before: t - 300,
+            not_after: t + 60,
+        };
+        assert!(
+            v.needs_renewal(t),
+            "nominally, 80 % of the lifetime has passed already"
+        );
+        let counted = counted_from_receipt(v, Some(t));
+        assert!(!counted.needs_renewal(t));
+        assert_eq!(counted.renew_at(), t + 48);
+        // Written long ago (or no mtime): the certificate's own notBefore.
+        assert_eq!(counted_from_receipt(v, Some(t - 1000)), v);
+        assert_eq!(counted_from_receipt(v, None), v);
+        // A file written after notAfter: due at once, never later than notAfter.
+        let late = counted_from_receipt(v, Some(t + 100));
+        assert!(late.renew_at() <= v.not_after);
+    }
 
     #[test]
     fn renewal_after_80_percent() {

@@ -55,6 +55,10 @@ pub struct Options {
     /// Also run the Cluster API core, kubeadm bootstrap and kubeadm control-plane managers, with
     /// their admission and conversion webhooks registered by URL.
     pub capi: bool,
+    /// Lifetime of the client certificates kube-controller-manager signs
+    /// (`--cluster-signing-duration`; one year when `None`). Short values let a test watch
+    /// certificate renewal happen.
+    pub signing_duration: Option<Duration>,
 }
 
 /// A running control plane. Dropping it stops every component.
@@ -79,13 +83,20 @@ impl TestEnv {
     /// on first use. Panics with the reason when it cannot start.
     pub async fn shared() -> &'static TestEnv {
         static ENV: OnceLock<Result<TestEnv, String>> = OnceLock::new();
-        shared_in(&ENV, Options { capi: false }).await
+        shared_in(&ENV, Options::default()).await
     }
 
     /// The shared control plane with the Cluster API managers running.
     pub async fn shared_with_capi() -> &'static TestEnv {
         static ENV: OnceLock<Result<TestEnv, String>> = OnceLock::new();
-        shared_in(&ENV, Options { capi: true }).await
+        shared_in(
+            &ENV,
+            Options {
+                capi: true,
+                ..Options::default()
+            },
+        )
+        .await
     }
 
     /// Starts a control plane of its own (for tests that must not share one, and for
@@ -202,7 +213,7 @@ impl TestEnv {
 
     fn start_controller_manager(&mut self) -> Result<()> {
         let pki = &self.pki;
-        let args = vec![
+        let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig.display()),
             "--secure-port=0".into(),
             "--leader-elect=false".into(),
@@ -218,6 +229,9 @@ impl TestEnv {
             format!("--cluster-signing-key-file={}", pki.client_ca.key.display()),
             "--service-cluster-ip-range=10.0.0.0/24".into(),
         ];
+        if let Some(d) = self.options.signing_duration {
+            args.push(format!("--cluster-signing-duration={}s", d.as_secs()));
+        }
         let kcm = self.spawn("kube-controller-manager", "kube-controller-manager", args)?;
         self.components.push(kcm);
         Ok(())

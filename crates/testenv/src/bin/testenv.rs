@@ -55,9 +55,12 @@ async fn main() -> ExitCode {
 }
 
 async fn up(capi: bool) -> Result<(), String> {
-    let env = TestEnv::start(Options { capi })
-        .await
-        .map_err(|e| e.to_string())?;
+    let env = TestEnv::start(Options {
+        capi,
+        ..Options::default()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
     println!("control plane ready at {}", env.api_url());
     println!("  export KUBECONFIG={}", env.kubeconfig().display());
     println!("  kubectl: {}", env.testbin().bin("kubectl").display());
