@@ -118,7 +118,7 @@ SH
   if [[ $(id -u) -eq 0 ]] && command -v unshare >/dev/null; then
     cp /etc/ld.so.cache /etc/nsswitch.conf /etc/hosts "$dir/root/etc/" 2>/dev/null || true
     wrap=(unshare --mount --uts --propagation private -- sh -c \
-      'hostname "$(cat "$0/etc/hostname")" && mount --bind "$0/run" /run && mount --bind "$0/etc" /etc && exec "$@"' "$dir/root")
+      'cat "$0/etc/hostname" >/proc/sys/kernel/hostname && mount --bind "$0/run" /run && mount --bind "$0/etc" /etc && exec "$@"' "$dir/root")
   fi
   "${wrap[@]}" "$T/byoh-agent" --namespace default --name "$name" --label "role=$role" \
     --bootstrap-kubeconfig "$dir/bootstrap-kubeconfig" --kubeconfig "$dir/state/kubeconfig" \
