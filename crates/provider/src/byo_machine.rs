@@ -368,8 +368,10 @@ pub async fn write_status(
         return Ok(());
     }
     // One Event per transition that says something new: `Paused` is not announced, a claim has
-    // its own `HostClaimed` Event, and `Ready` is announced only when its reason is not the one
-    // of the condition it mirrors.
+    // its own `HostClaimed` Event, the hand-over of the bootstrap data its own
+    // `BootstrapDataDelivered` Event (so `HostBootstrapped` appearing as `WaitingForBootstrap`
+    // is not announced again), and `Ready` is announced only when its reason is not the one of
+    // the condition it mirrors.
     let mirrored = |c: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition| {
         c.type_ == types::READY
             && status
@@ -379,8 +381,11 @@ pub async fn write_status(
     };
     for c in &status.conditions {
         let before = conditions::get(&old.conditions, &c.type_);
+        let handed_over =
+            c.type_ == types::HOST_BOOTSTRAPPED && c.reason == "WaitingForBootstrap" && before.is_none();
         let announced = c.type_ != types::PAUSED
             && !(c.type_ == types::HOST_ASSIGNED && c.status == "True")
+            && !handed_over
             && !mirrored(c);
         if announced && before.is_none_or(|b| b.status != c.status || b.reason != c.reason) {
             let warning = c.status == "False"
