@@ -383,11 +383,11 @@ pub async fn write_status(
         let before = conditions::get(&old.conditions, &c.type_);
         let handed_over =
             c.type_ == types::HOST_BOOTSTRAPPED && c.reason == "WaitingForBootstrap" && before.is_none();
-        let announced = c.type_ != types::PAUSED
-            && !(c.type_ == types::HOST_ASSIGNED && c.status == "True")
-            && !handed_over
-            && !mirrored(c);
-        if announced && before.is_none_or(|b| b.status != c.status || b.reason != c.reason) {
+        let quiet = c.type_ == types::PAUSED
+            || (c.type_ == types::HOST_ASSIGNED && c.status == "True")
+            || handed_over
+            || mirrored(c);
+        if !quiet && before.is_none_or(|b| b.status != c.status || b.reason != c.reason) {
             let warning = c.status == "False"
                 && matches!(
                     c.reason.as_str(),
