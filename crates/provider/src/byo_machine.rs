@@ -181,8 +181,8 @@ async fn apply(
 
     // The machine as last written by this pass (the claim intent changes it).
     let mut current = bm.as_ref().clone();
-    let host = match claim::ensure(&mut current, ctx, &machine).await? {
-        claim::Claim::Held(host) => *host,
+    let (host, claimed) = match claim::ensure(&mut current, ctx, &machine).await? {
+        claim::Claim::Held { host, new } => (*host, new),
         claim::Claim::Waiting { reason, message } => {
             ctx.set_waiting(me, true);
             wait(&mut status, reason, message);
@@ -224,7 +224,14 @@ async fn apply(
         ctx.note_written(&current);
     }
 
-    let host = bootstrap::ensure(&bm, ctx, &host, &machine, &cluster, &data_secret).await?;
+    let handed_over = bootstrap::ensure(&bm, ctx, &host, &machine, &cluster, &data_secret).await;
+    if claimed {
+        claim::announce(&bm, ctx, &host).await;
+    }
+    let (host, delivered) = handed_over?;
+    if delivered {
+        bootstrap::delivered_event(&bm, ctx, &host).await;
+    }
     let provider_id = format!("byoh://{host_ns}/{}", host.name_any());
     if current.spec.provider_id.is_none() || current.annotations().contains_key(labels::CLUSTERCTL_BLOCK_MOVE)
     {

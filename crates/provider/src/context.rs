@@ -5,12 +5,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use bootsman_api::capi::{Cluster, Machine};
+use bootsman_api::labels;
 use bootsman_api::v1beta1::{ByoHost, ByoMachine};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::events::{Event, Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -116,6 +120,42 @@ pub struct Context {
     pub recorder: Recorder,
     /// Metrics.
     pub metrics: Metrics,
+    /// The Secrets of Cluster API clusters (labelled `cluster.x-k8s.io/cluster-name`, as CAPI
+    /// labels bootstrap data and kubeconfigs) in the watched namespace: read here before asking
+    /// the API server. A cache only: a Secret missing from it is read from the API server.
+    pub cluster_secrets: Store<Secret>,
+    /// Stops the watch that fills [`Self::cluster_secrets`] when the context goes.
+    _secrets_watch: AbortOnDrop,
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts the watch of cluster Secrets behind [`Context::cluster_secrets`] (without their
+/// managed fields, which only cost memory here).
+fn watch_cluster_secrets(client: &kube::Client, namespace: Option<&str>) -> (Store<Secret>, AbortOnDrop) {
+    let api: kube::Api<Secret> = match namespace {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    };
+    let config = watcher::Config::default()
+        .labels(labels::CLUSTER_NAME)
+        .timeout(crate::WATCH_TIMEOUT_SECS);
+    let (store, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|s: &mut Secret| s.managed_fields_mut().clear())
+        .reflect(writer);
+    let task = tokio::spawn(async move {
+        stream.for_each(|_| async {}).await;
+    });
+    (store, AbortOnDrop(task.abort_handle()))
 }
 
 impl Context {
@@ -126,6 +166,7 @@ impl Context {
             instance: std::env::var("POD_NAME").ok(),
         };
         let recorder = Recorder::new(client.clone(), reporter);
+        let (cluster_secrets, secrets_watch) = watch_cluster_secrets(&client, config.namespace.as_deref());
         Arc::new(Self {
             client,
             config,
@@ -139,7 +180,19 @@ impl Context {
             claiming: Mutex::new(HashMap::new()),
             recorder,
             metrics,
+            cluster_secrets,
+            _secrets_watch: secrets_watch,
         })
+    }
+
+    /// A Secret in `namespace`: from the cache of cluster Secrets when it is there, else from the
+    /// API server (`None` when it does not exist).
+    pub async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Arc<Secret>>, kube::Error> {
+        if let Some(s) = self.cluster_secrets.get(&ObjectRef::new(name).within(namespace)) {
+            return Ok(Some(s));
+        }
+        let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), namespace);
+        Ok(api.get_opt(name).await?.map(Arc::new))
     }
 
     /// The heartbeat Lease of a host.

@@ -15,8 +15,9 @@
 //!    claim is. That is the least the server needs for N bindings done one after another;
 //! 3. creates N registered hosts (ByoHost plus a fresh heartbeat Lease named after it), one CAPI
 //!    Cluster with `status.initialization.infrastructureProvisioned = true`, and N Machines with
-//!    their bootstrap data Secrets and the ByoMachines they own (no selector), 16 at a time, all
-//!    before the provider starts;
+//!    their bootstrap data Secrets (labelled `cluster.x-k8s.io/cluster-name`, as the kubeadm
+//!    bootstrap provider labels them) and the ByoMachines they own (no selector), 16 at a time,
+//!    all before the provider starts;
 //! 4. runs the `bootsman-provider` binary next to this one as a separate process
 //!    (`--namespace NS --leader-elect=false`), with an identity of its own (user
 //!    `bootsman-bench-provider`, bound to `cluster-admin`, classified by a FlowSchema of its own
@@ -588,8 +589,11 @@ async fn create_machines(client: &kube::Client, ns: &str, cluster: &str, n: usiz
                 let name = format!("m{i:05}");
                 let data_secret = format!("{name}-bootstrap-data");
                 let data = format!("#cloud-config\nruncmd:\n- echo {name}\n");
+                let mut secret_meta = meta(&data_secret, ns);
+                // As CAPI's bootstrap providers label the data Secrets they write.
+                secret_meta.labels = Some(cluster_label.clone());
                 let secret = Secret {
-                    metadata: meta(&data_secret, ns),
+                    metadata: secret_meta,
                     data: Some(BTreeMap::from([
                         ("value".to_string(), ByteString(data.into_bytes())),
                         ("format".to_string(), ByteString(b"cloud-config".to_vec())),

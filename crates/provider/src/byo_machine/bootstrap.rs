@@ -38,7 +38,8 @@ pub fn role_name(host: &str) -> String {
 }
 
 /// Makes sure the host has its bootstrap Secret, its Role and RoleBinding, and
-/// `spec.bootstrapSecret`. Returns the host as last written.
+/// `spec.bootstrapSecret`. Returns the host as last written, and whether this call handed the
+/// data over (the caller announces it).
 pub async fn ensure(
     bm: &ByoMachine,
     ctx: &Context,
@@ -46,7 +47,7 @@ pub async fn ensure(
     machine: &Machine,
     cluster: &Cluster,
     data_secret: &str,
-) -> Result<ByoHost> {
+) -> Result<(ByoHost, bool)> {
     let name = host.name_any();
     let hns = host.namespace().unwrap_or_default();
     let secret = secret_name(&name);
@@ -56,16 +57,20 @@ pub async fn ensure(
         .as_ref()
         .is_some_and(|s| s.name == secret)
     {
-        return Ok(host.clone());
+        return Ok((host.clone(), false));
     }
     let ns = bm.namespace().unwrap_or_default();
-    let source = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
-        .get(data_secret)
+    let read = format!(
+        "read bootstrap data Secret {ns}/{data_secret} of Machine {}",
+        machine.name_any()
+    );
+    // CAPI's bootstrap providers label their data Secrets with the cluster name, so they are
+    // usually in the cache; the data of a Machine's Secret does not change once written.
+    let source = ctx
+        .secret(&ns, data_secret)
         .await
-        .map_err(kerr(format!(
-            "read bootstrap data Secret {ns}/{data_secret} of Machine {}",
-            machine.name_any()
-        )))?;
+        .map_err(kerr(read.clone()))?
+        .ok_or_else(|| Error::Invalid(format!("{read}: it does not exist yet")))?;
     let data = source.data.clone().unwrap_or_default();
     if !data.contains_key("value") {
         return Err(Error::Invalid(format!(
@@ -99,10 +104,6 @@ pub async fn ensure(
         type_: source.type_.clone(),
         ..Default::default()
     };
-    Api::<Secret>::namespaced(ctx.client.clone(), &hns)
-        .patch(&secret, &pp, &Patch::Apply(with_type::<Secret>(&copy)?))
-        .await
-        .map_err(kerr(format!("write bootstrap Secret {hns}/{secret}")))?;
     let role = Role {
         metadata: meta(role_name(&name)),
         rules: Some(vec![PolicyRule {
@@ -113,10 +114,6 @@ pub async fn ensure(
             ..Default::default()
         }]),
     };
-    Api::<Role>::namespaced(ctx.client.clone(), &hns)
-        .patch(&role_name(&name), &pp, &Patch::Apply(with_type::<Role>(&role)?))
-        .await
-        .map_err(kerr(format!("write Role {hns}/{}", role_name(&name))))?;
     let binding = RoleBinding {
         metadata: meta(role_name(&name)),
         role_ref: RoleRef {
@@ -131,14 +128,37 @@ pub async fn ensure(
             ..Default::default()
         }]),
     };
-    Api::<RoleBinding>::namespaced(ctx.client.clone(), &hns)
-        .patch(
-            &role_name(&name),
-            &pp,
-            &Patch::Apply(with_type::<RoleBinding>(&binding)?),
-        )
-        .await
-        .map_err(kerr(format!("write RoleBinding {hns}/{}", role_name(&name))))?;
+    // The three are independent of each other and written at once; the host is pointed at the
+    // Secret only once all three exist.
+    let (copy, role, binding) = (
+        with_type::<Secret>(&copy)?,
+        with_type::<Role>(&role)?,
+        with_type::<RoleBinding>(&binding)?,
+    );
+    let role_name = role_name(&name);
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &hns);
+    let roles = Api::<Role>::namespaced(ctx.client.clone(), &hns);
+    let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &hns);
+    futures::try_join!(
+        async {
+            secrets
+                .patch(&secret, &pp, &Patch::Apply(&copy))
+                .await
+                .map_err(kerr(format!("write bootstrap Secret {hns}/{secret}")))
+        },
+        async {
+            roles
+                .patch(&role_name, &pp, &Patch::Apply(&role))
+                .await
+                .map_err(kerr(format!("write Role {hns}/{role_name}")))
+        },
+        async {
+            bindings
+                .patch(&role_name, &pp, &Patch::Apply(&binding))
+                .await
+                .map_err(kerr(format!("write RoleBinding {hns}/{role_name}")))
+        },
+    )?;
 
     let patch = json!({"spec": {"bootstrapSecret": {"name": secret, "namespace": hns}}});
     let host = Api::<ByoHost>::namespaced(ctx.client.clone(), &hns)
@@ -147,15 +167,18 @@ pub async fn ensure(
         .map_err(kerr(format!(
             "point ByoHost {hns}/{name} at its bootstrap Secret"
         )))?;
-    ctx.event(
-        bm,
-        false,
-        "BootstrapDataDelivered",
-        "Bootstrap",
-        format!("bootstrap data handed to host {hns}/{name}"),
-    )
-    .await;
-    Ok(host)
+    Ok((host, true))
+}
+
+/// Announces the hand-over of the bootstrap data to `host`.
+pub async fn delivered_event(bm: &ByoMachine, ctx: &Context, host: &ByoHost) {
+    let note = format!(
+        "bootstrap data handed to host {}/{}",
+        host.namespace().unwrap_or_default(),
+        host.name_any()
+    );
+    ctx.event(bm, false, "BootstrapDataDelivered", "Bootstrap", note)
+        .await;
 }
 
 /// Deletes the host's bootstrap Secret, Role and RoleBinding (absent ones are fine).
@@ -200,8 +223,8 @@ pub async fn set_node_provider_id(
     provider_id: &str,
 ) -> Result<()> {
     let secret = format!("{}-kubeconfig", cluster.name_any());
-    let Some(s) = Api::<Secret>::namespaced(ctx.client.clone(), ns)
-        .get_opt(&secret)
+    let Some(s) = ctx
+        .secret(ns, &secret)
         .await
         .map_err(kerr(format!("read {ns}/{secret}")))?
     else {

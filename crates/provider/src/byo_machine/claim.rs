@@ -38,7 +38,12 @@ const ATTEMPTS_PER_HOST: usize = 5;
 /// Outcome of [`ensure`].
 pub enum Claim {
     /// The machine holds this host (fresh from the API server or the index).
-    Held(Box<ByoHost>),
+    Held {
+        /// The host.
+        host: Box<ByoHost>,
+        /// Whether this call claimed it (to be announced by the caller, see [`announce`]).
+        new: bool,
+    },
     /// No host can be claimed now.
     Waiting {
         /// `WaitingForHost`, `NoMatchingHost` or `InvalidSelector`.
@@ -55,11 +60,16 @@ pub async fn ensure(bm: &mut ByoMachine, ctx: &Context, machine: &Machine) -> Re
     let uid = bm.uid().unwrap_or_default();
     let pools = ctx.config.pools_for(&ns);
     match lookup(bm, ctx).await? {
-        Lookup::Held(host) => return Ok(Claim::Held(Box::new(host))),
+        Lookup::Held(host) => {
+            return Ok(Claim::Held {
+                host: Box::new(host),
+                new: false,
+            });
+        }
         Lookup::Intended(host) => {
             // The intent may be another replica's claim in flight: finish it, do not replace it.
             if let Some(claimed) = attempt(bm, ctx, &host, &machine.spec.cluster_name).await? {
-                return Ok(claimed_event(bm, ctx, claimed).await);
+                return Ok(counted(bm, ctx, claimed));
             }
             ctx.metrics.claim_conflicts.inc();
         }
@@ -119,7 +129,7 @@ pub async fn ensure(bm: &mut ByoMachine, ctx: &Context, machine: &Machine) -> Re
             ctx.forget_claim(host);
         }
         match claimed? {
-            Some(claimed) => return Ok(claimed_event(bm, ctx, claimed).await),
+            Some(claimed) => return Ok(counted(bm, ctx, claimed)),
             None => {
                 ctx.metrics.claim_conflicts.inc();
                 // Give the index a moment to learn about the winner before choosing again.
@@ -133,20 +143,28 @@ pub async fn ensure(bm: &mut ByoMachine, ctx: &Context, machine: &Machine) -> Re
     )))
 }
 
-/// Counts, times and announces a successful claim.
-async fn claimed_event(bm: &ByoMachine, ctx: &Context, claimed: ByoHost) -> Claim {
+/// Counts and times a successful claim.
+fn counted(bm: &ByoMachine, ctx: &Context, claimed: ByoHost) -> Claim {
     ctx.metrics.claims.inc();
     if let Some(created) = bm.metadata.creation_timestamp.as_ref() {
         let secs = Timestamp::now().duration_since(created.0).as_secs_f64();
         ctx.metrics.time_to_claim.observe(secs.max(0.0));
     }
+    Claim::Held {
+        host: Box::new(claimed),
+        new: true,
+    }
+}
+
+/// Announces a claim. Published by the caller once the bootstrap hand-over that follows the
+/// claim is done (or has failed), so that the host's two spec changes follow each other closely.
+pub async fn announce(bm: &ByoMachine, ctx: &Context, host: &ByoHost) {
     let note = format!(
         "claimed host {}/{}",
-        claimed.namespace().unwrap_or_default(),
-        claimed.name_any()
+        host.namespace().unwrap_or_default(),
+        host.name_any()
     );
     ctx.event(bm, false, "HostClaimed", "Claim", note).await;
-    Claim::Held(Box::new(claimed))
 }
 
 /// What the pool and the intent say about a machine's host.
