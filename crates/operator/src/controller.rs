@@ -261,6 +261,48 @@ async fn apply_if_changed(client: &kube::Client, obj: Value) -> Result<Option<St
     Ok(Some(format!("{kind}/{name}")))
 }
 
+/// `ControlPlaneReady`'s message: the ready count and, while not all are ready, what the
+/// KubeadmControlPlane itself says it waits for (a blocked scale-up, or why it is not available).
+fn control_plane_message(cp: &ReplicaCounts, kcp: &[Condition]) -> String {
+    let counts = format!("{}/{} control-plane machines ready", cp.ready, cp.desired);
+    if cp.ready >= cp.desired {
+        return counts;
+    }
+    let waiting = kcp
+        .iter()
+        .find(|c| c.type_ == "ScalingUp" && c.status == "True" && !c.message.is_empty())
+        .or_else(|| {
+            kcp.iter()
+                .find(|c| c.type_ == "Available" && c.status == "False" && !c.message.is_empty())
+        });
+    match waiting {
+        Some(c) => {
+            // CAPI's messages are lines with `* ` bullets; one line reads `a: b; c`.
+            let mut text = String::new();
+            for line in c
+                .message
+                .lines()
+                .map(|l| l.trim().trim_start_matches("* ").trim())
+            {
+                if line.is_empty() {
+                    continue;
+                }
+                if !text.is_empty() {
+                    text.push_str(if text.ends_with(':') { " " } else { "; " });
+                }
+                text.push_str(line);
+            }
+            if text.len() > 400 {
+                let cut = (0..=400).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+                text.truncate(cut);
+                text.push('…');
+            }
+            format!("{counts}; KubeadmControlPlane {}: {text}", c.type_)
+        }
+        None => counts,
+    }
+}
+
 /// Key of [`serving_hosts`] for the control plane (worker pools are keyed by MachineDeployment).
 const CONTROL_PLANE_ROLE: &str = "control-plane";
 
@@ -429,7 +471,7 @@ async fn observe(
             cp_ready,
             "Ready",
             "WaitingForMachines",
-            format!("{}/{} control-plane machines ready", cp.ready, cp.desired),
+            control_plane_message(&cp, &kcp_status.conditions),
         ),
         (
             "WorkersReady",
@@ -703,4 +745,52 @@ pub async fn run(
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cond(type_: &str, status: &str, message: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "R".into(),
+            message: message.into(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn control_plane_message_says_what_the_control_plane_waits_for() {
+        let cp = ReplicaCounts { desired: 3, ready: 0 };
+        let blocked = cond(
+            "ScalingUp",
+            "True",
+            "Scaling up from 1 to 3 replicas is blocked because:\n* Machine m1 does not have a corresponding Node yet",
+        );
+        assert_eq!(
+            control_plane_message(&cp, &[cond("Available", "False", "not yet"), blocked]),
+            "0/3 control-plane machines ready; KubeadmControlPlane ScalingUp: Scaling up from 1 to 3 \
+             replicas is blocked because: Machine m1 does not have a corresponding Node yet"
+        );
+        assert_eq!(
+            control_plane_message(&cp, &[cond("Available", "False", "no etcd quorum")]),
+            "0/3 control-plane machines ready; KubeadmControlPlane Available: no etcd quorum"
+        );
+        assert_eq!(
+            control_plane_message(&cp, &[]),
+            "0/3 control-plane machines ready"
+        );
+        let done = ReplicaCounts { desired: 3, ready: 3 };
+        assert_eq!(
+            control_plane_message(&done, &[cond("Available", "False", "x")]),
+            "3/3 control-plane machines ready"
+        );
+        let long = cond("Available", "False", &"é".repeat(300));
+        assert!(control_plane_message(&cp, &[long]).ends_with('…'));
+    }
 }
