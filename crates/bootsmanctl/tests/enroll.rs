@@ -129,6 +129,22 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
     // The signer backdates by up to 5 minutes.
     assert!((600..=900).contains(&lifetime), "lifetime {lifetime}s");
     assert_eq!(mode(&opts.kubeconfig), 0o600);
+
+    // Once the host is removed (its pool RoleBinding goes with its ByoHost), it cannot keep
+    // itself a certificate: the renewal is denied, and the certificate it holds stays as it was.
+    let bindings = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(env.client().await, &pool);
+    bindings
+        .delete("byoh:host:web-1", &Default::default())
+        .await
+        .expect("remove the host's pool binding");
+    let kept = std::fs::read(&opts.kubeconfig).expect("kubeconfig");
+    match enroll::renew(&opts, Some(Duration::from_secs(600))).await {
+        Err(Error::Denied { reason, message, .. }) if reason == "HostRemoved" => {
+            assert!(message.contains("bootsmanctl hosts token"), "{message}");
+        }
+        other => panic!("a removed host renewed its certificate: {other:?}"),
+    }
+    assert_eq!(std::fs::read(&opts.kubeconfig).expect("kubeconfig"), kept);
 }
 
 #[tokio::test]

@@ -13,7 +13,8 @@
 //! - and either **enrollment**: the requester is `system:bootstrap:<id>`, in exactly one group
 //!   `system:bootstrappers:byoh:<pool>`, and the Secret `kube-system/bootstrap-token-<id>` was issued
 //!   by `bootsmanctl hosts token` for that pool (and that host, if it names one), is unexpired and
-//!   unspent; or **renewal**: the requester is `byoh:host:<name>` itself, in group `byoh:hosts`.
+//!   unspent; or **renewal**: the requester is `byoh:host:<name>` itself, in group `byoh:hosts`,
+//!   and still holds the pool RoleBinding enrollment gave it (it goes with the ByoHost).
 //!
 //! The pool comes from the API server's authentication of the token (its group) and from the token
 //! Secret, never from anything the host wrote. A token is spent before the approval: the Secret is
@@ -45,7 +46,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -69,6 +70,18 @@ pub const FIELD_MANAGER: &str = "bootsman-host-csr-approver";
 /// Name of the RoleBinding that gives host `host` its rights in its pool: `byoh:host:<host>`.
 pub fn pool_binding_name(host: &str) -> String {
     identity::host_user(host)
+}
+
+/// Whether host `host` still has the pool access enrollment gave it: a binding as
+/// [`grant_pool_access`] writes it, in any namespace. It goes with the host's ByoHost, and then a
+/// renewal is denied: a removed host cannot keep itself a certificate.
+pub async fn has_pool_access(client: &kube::Client, host: &str) -> Result<bool> {
+    let name = pool_binding_name(host);
+    let bindings = Api::<RoleBinding>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+        .await
+        .map_err(kerr(format!("list RoleBindings {name}")))?;
+    Ok(bindings.items.iter().any(|b| is_pool_binding(b, host)))
 }
 
 /// Whether `binding` is exactly what [`grant_pool_access`] writes for host `host`: named
@@ -590,6 +603,18 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
         Verdict::Admissible(r) => r,
     };
     let Request::Enroll { token_id, .. } = &req else {
+        if let Request::Renew { host } = &req
+            && !has_pool_access(&ctx.client, host).await?
+        {
+            let d = deny(
+                "HostRemoved",
+                format!(
+                    "host {host:?} has no pool access any more (no RoleBinding {} in any namespace:                      its ByoHost was deleted); enrol it again with `bootsmanctl hosts token`",
+                    pool_binding_name(host)
+                ),
+            );
+            return decide(&csr, &ctx, Err(d)).await;
+        }
         return decide(&csr, &ctx, Ok(&req)).await;
     };
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), identity::TOKEN_NAMESPACE);
