@@ -57,6 +57,18 @@ impl SharedPool {
     }
 }
 
+/// Namespaces whose hosts a machine in `namespace` may use: its own first, then every pool of
+/// `pools` that allows it.
+pub fn pools_for(pools: &[SharedPool], namespace: &str) -> Vec<String> {
+    let mut out = vec![namespace.to_string()];
+    for p in pools {
+        if p.allows(namespace) && !out.contains(&p.namespace) {
+            out.push(p.namespace.clone());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bootsman_api::capi::{Cluster, KubeadmControlPlane, Machine, MachineDeployment};
 use bootsman_api::labels;
-use bootsman_api::pools::SharedPool;
+use bootsman_api::pools::{self, SharedPool};
 use bootsman_api::v1alpha1::{BootsmanCluster, BootsmanClusterStatus, ClusterPhase, ReplicaCounts};
 use bootsman_api::v1beta1::{ByoHost, ByoMachine, HostPhase};
 use bootsman_runtime::conditions::{self, Status};
@@ -86,18 +86,6 @@ impl Context {
     pub fn with_shared_pools(mut self, pools: Vec<SharedPool>) -> Self {
         self.shared_pools = pools;
         self
-    }
-
-    /// Namespaces whose hosts a cluster in `namespace` may use: its own, then every shared pool
-    /// that allows it.
-    fn pools_for(&self, namespace: &str) -> Vec<String> {
-        let mut out = vec![namespace.to_string()];
-        for p in &self.shared_pools {
-            if p.allows(namespace) && !out.contains(&p.namespace) {
-                out.push(p.namespace.clone());
-            }
-        }
-        out
     }
 }
 
@@ -386,7 +374,7 @@ async fn observe(
     let mut workers = ReplicaCounts::default();
     let mut pool_missing = Vec::new();
     let mut free: Vec<ByoHost> = Vec::new();
-    for pool_ns in ctx.pools_for(&ns) {
+    for pool_ns in pools::pools_for(&ctx.shared_pools, &ns) {
         let hosts = Api::<ByoHost>::namespaced(ctx.client.clone(), &pool_ns)
             .list(&ListParams::default())
             .await
@@ -724,7 +712,7 @@ pub async fn run(
     };
     let controller = Controller::new(api(&client), watcher::Config::default());
     let store = controller.store();
-    let pools = ctx.shared_pools.clone();
+    let shared = ctx.shared_pools.clone();
     controller
         .owns(kcps, watcher::Config::default())
         .owns(mds, watcher::Config::default())
@@ -734,10 +722,7 @@ pub async fn run(
             store
                 .state()
                 .into_iter()
-                .filter(|b| {
-                    let bns = b.namespace().unwrap_or_default();
-                    bns == ns || pools.iter().any(|p| p.namespace == ns && p.allows(&bns))
-                })
+                .filter(|b| pools::pools_for(&shared, &b.namespace().unwrap_or_default()).contains(&ns))
                 .map(|b| kube::runtime::reflector::ObjectRef::from_obj(&*b))
                 .collect::<Vec<_>>()
         })

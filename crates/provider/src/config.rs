@@ -36,13 +36,7 @@ impl Config {
     /// Namespaces whose hosts a machine in `namespace` may use: its own first, then every shared
     /// pool that allows it.
     pub fn pools_for(&self, namespace: &str) -> Vec<String> {
-        let mut out = vec![namespace.to_string()];
-        for p in &self.shared_pools {
-            if p.allows(namespace) && !out.contains(&p.namespace) {
-                out.push(p.namespace.clone());
-            }
-        }
-        out
+        bootsman_api::pools::pools_for(&self.shared_pools, namespace)
     }
 }
 

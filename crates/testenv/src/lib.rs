@@ -155,51 +155,25 @@ impl TestEnv {
     }
 
     fn start_etcd_and_apiserver(&mut self) -> Result<()> {
-        let etcd_port = free_port()?;
-        let peer_port = free_port()?;
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let etcd = self.spawn(
-            "etcd",
-            "etcd",
-            vec![
-                "--name=testenv".into(),
-                format!("--data-dir={}", self.dir.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls={peer_url}"),
-                format!("--initial-advertise-peer-urls={peer_url}"),
-                format!("--initial-cluster=testenv={peer_url}"),
-                "--unsafe-no-fsync=true".into(),
-            ],
-        )?;
+        let (etcd_args, etcd_url) = etcd_flags("testenv", &self.dir.join("etcd"))?;
+        let etcd = self.spawn("etcd", "etcd", etcd_args)?;
         self.components.push(etcd);
 
         let port = free_port()?;
         self.api_url = format!("https://127.0.0.1:{port}");
         let pki = &self.pki;
-        let args = vec![
-            format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--secure-port={port}"),
-            format!("--tls-cert-file={}", pki.apiserver.cert.display()),
-            format!("--tls-private-key-file={}", pki.apiserver.key.display()),
-            format!("--cert-dir={}", self.dir.join("apiserver").display()),
-            format!("--client-ca-file={}", pki.client_ca.cert.display()),
-            "--authorization-mode=Node,RBAC".into(),
-            "--enable-bootstrap-token-auth=true".into(),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
-            "--service-account-issuer=https://kubernetes.default.svc".into(),
-            format!("--service-account-key-file={}", pki.service_account_pub.display()),
-            format!(
-                "--service-account-signing-key-file={}",
-                pki.service_account_key.display()
-            ),
-            "--allow-privileged=true".into(),
-            "--endpoint-reconciler-type=none".into(),
-            "--profiling=false".into(),
-        ];
+        let args = ApiserverFlags {
+            etcd_url: &etcd_url,
+            address: "127.0.0.1",
+            port,
+            serving: &pki.apiserver,
+            client_ca: &pki.client_ca.cert,
+            cert_dir: self.dir.join("apiserver"),
+            service_cidr: "10.0.0.0/24",
+            service_account_pub: &pki.service_account_pub,
+            service_account_key: &pki.service_account_key,
+        }
+        .args();
         let apiserver = self.spawn("kube-apiserver", "kube-apiserver", args)?;
         self.components.push(apiserver);
         write_kubeconfig(
@@ -475,6 +449,69 @@ where
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Flags of a single-member etcd named `name` with its data in `data_dir`, on two free loopback
+/// ports, and its client URL.
+fn etcd_flags(name: &str, data_dir: &Path) -> Result<(Vec<String>, String)> {
+    let client_url = format!("http://127.0.0.1:{}", free_port()?);
+    let peer_url = format!("http://127.0.0.1:{}", free_port()?);
+    let args = vec![
+        format!("--name={name}"),
+        format!("--data-dir={}", data_dir.display()),
+        format!("--listen-client-urls={client_url}"),
+        format!("--advertise-client-urls={client_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster={name}={peer_url}"),
+        "--unsafe-no-fsync=true".into(),
+    ];
+    Ok((args, client_url))
+}
+
+/// What differs between the kube-apiservers the harness runs (the test control plane and the
+/// stand-in child control plane); everything else is the same.
+struct ApiserverFlags<'a> {
+    etcd_url: &'a str,
+    /// Bind and advertise address.
+    address: &'a str,
+    port: u16,
+    serving: &'a CertPair,
+    client_ca: &'a Path,
+    cert_dir: PathBuf,
+    service_cidr: &'a str,
+    service_account_pub: &'a Path,
+    service_account_key: &'a Path,
+}
+
+impl ApiserverFlags<'_> {
+    fn args(&self) -> Vec<String> {
+        vec![
+            format!("--etcd-servers={}", self.etcd_url),
+            format!("--bind-address={}", self.address),
+            format!("--advertise-address={}", self.address),
+            format!("--secure-port={}", self.port),
+            format!("--tls-cert-file={}", self.serving.cert.display()),
+            format!("--tls-private-key-file={}", self.serving.key.display()),
+            format!("--cert-dir={}", self.cert_dir.display()),
+            format!("--client-ca-file={}", self.client_ca.display()),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-bootstrap-token-auth=true".into(),
+            format!("--service-cluster-ip-range={}", self.service_cidr),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!(
+                "--service-account-key-file={}",
+                self.service_account_pub.display()
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                self.service_account_key.display()
+            ),
+            "--allow-privileged=true".into(),
+            "--endpoint-reconciler-type=none".into(),
+            "--profiling=false".into(),
+        ]
     }
 }
 

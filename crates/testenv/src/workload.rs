@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use crate::error::{self, Error, Result};
 use crate::pki::{self, CertPair};
-use crate::{Testbin, client_from, free_port, process, wait_for_readyz, write_kubeconfig};
+use crate::{ApiserverFlags, Testbin, client_from, etcd_flags, process, wait_for_readyz, write_kubeconfig};
 
 const MANAGER: &str = "bootsman-testenv";
 
@@ -98,47 +98,31 @@ impl Workload {
         pki::key_pair(&sa_key, &sa_pub)?;
 
         let mut components = Vec::new();
-        let etcd_url = format!("http://127.0.0.1:{}", free_port()?);
-        let peer_url = format!("http://127.0.0.1:{}", free_port()?);
+        let (etcd_args, etcd_url) = etcd_flags("workload", &dir.join("etcd"))?;
         components.push(process::Component::spawn(
             "workload-etcd",
             &testbin.bin("etcd"),
-            &[
-                "--name=workload".into(),
-                format!("--data-dir={}", dir.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls={peer_url}"),
-                format!("--initial-advertise-peer-urls={peer_url}"),
-                format!("--initial-cluster=workload={peer_url}"),
-                "--unsafe-no-fsync=true".into(),
-            ],
+            &etcd_args,
             &[],
             logs.join("workload-etcd.log"),
         )?);
-        let advertise = if ip { ep.host.clone() } else { "127.0.0.1".into() };
+        let address = if ip { ep.host.as_str() } else { "127.0.0.1" };
+        let apiserver_args = ApiserverFlags {
+            etcd_url: &etcd_url,
+            address,
+            port: ep.port,
+            serving: &serving,
+            client_ca: &ca.cert,
+            cert_dir: dir.join("apiserver"),
+            service_cidr: &ep.service_cidr,
+            service_account_pub: &sa_pub,
+            service_account_key: &sa_key,
+        }
+        .args();
         components.push(process::Component::spawn(
             "workload-kube-apiserver",
             &testbin.bin("kube-apiserver"),
-            &[
-                format!("--etcd-servers={etcd_url}"),
-                format!("--bind-address={advertise}"),
-                format!("--advertise-address={advertise}"),
-                format!("--secure-port={}", ep.port),
-                format!("--tls-cert-file={}", serving.cert.display()),
-                format!("--tls-private-key-file={}", serving.key.display()),
-                format!("--cert-dir={}", dir.join("apiserver").display()),
-                format!("--client-ca-file={}", ca.cert.display()),
-                "--authorization-mode=Node,RBAC".into(),
-                "--enable-bootstrap-token-auth=true".into(),
-                format!("--service-cluster-ip-range={}", ep.service_cidr),
-                "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!("--service-account-key-file={}", sa_pub.display()),
-                format!("--service-account-signing-key-file={}", sa_key.display()),
-                "--allow-privileged=true".into(),
-                "--endpoint-reconciler-type=none".into(),
-                "--profiling=false".into(),
-            ],
+            &apiserver_args,
             &[],
             logs.join("workload-kube-apiserver.log"),
         )?);
@@ -195,27 +179,26 @@ impl Workload {
     /// agent reported. Returns the names of all Nodes registered so far.
     pub async fn sync_nodes(&self, mgmt: &kube::Client) -> Result<BTreeSet<String>> {
         let nodes: Api<Node> = Api::all(self.client().await?);
-        for host in bootstrapped_hosts(mgmt, &self.namespace, &self.cluster).await? {
-            self.register_node(&nodes, &host).await?;
-        }
-        let list = nodes
+        let mut registered: BTreeSet<String> = nodes
             .list(&ListParams::default())
             .await
-            .map_err(error::kube("list workload Nodes"))?;
-        Ok(list.items.into_iter().filter_map(|n| n.metadata.name).collect())
+            .map_err(error::kube("list workload Nodes"))?
+            .items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect();
+        for host in bootstrapped_hosts(mgmt, &self.namespace, &self.cluster).await? {
+            if !registered.contains(&host.node_name) {
+                self.register_node(&nodes, &host).await?;
+                registered.insert(host.node_name);
+            }
+        }
+        Ok(registered)
     }
 
     async fn register_node(&self, nodes: &Api<Node>, host: &BootstrappedHost) -> Result<()> {
         let name = host.node_name.as_str();
         let address = host.address.as_str();
-        if nodes
-            .get_opt(name)
-            .await
-            .map_err(error::kube(format!("get workload Node {name}")))?
-            .is_some()
-        {
-            return Ok(());
-        }
         let mut labels = json!({
             "kubernetes.io/hostname": name,
             "kubernetes.io/os": "linux",
@@ -300,27 +283,36 @@ pub async fn bootstrapped_hosts(
         "v1beta1",
         "ByoMachine",
     );
+    let of_cluster = ListParams::default().labels(&format!("cluster.x-k8s.io/cluster-name={cluster}"));
+    // ByoMachine name → whether it is a control-plane machine.
+    let machines: std::collections::BTreeMap<String, bool> = machines
+        .list(&of_cluster)
+        .await
+        .map_err(error::kube(format!("list ByoMachines of {ns}/{cluster}")))?
+        .items
+        .into_iter()
+        .filter_map(|bm| {
+            let control_plane = bm
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("cluster.x-k8s.io/control-plane"));
+            Some((bm.metadata.name?, control_plane))
+        })
+        .collect();
     let list = hosts
         .list(&ListParams::default())
         .await
         .map_err(error::kube(format!("list ByoHosts in {ns}")))?;
     let mut out = Vec::new();
     for host in list.items {
-        let Some(machine) = host.data["spec"]["machineRef"]["name"].as_str() else {
-            continue;
-        };
-        if !condition_true(&host.data, "BootstrapSucceeded") {
-            continue;
-        }
-        let Some(bm) = machines
-            .get_opt(machine)
-            .await
-            .map_err(error::kube(format!("get ByoMachine {ns}/{machine}")))?
+        let Some(&control_plane) = host.data["spec"]["machineRef"]["name"]
+            .as_str()
+            .and_then(|m| machines.get(m))
         else {
             continue;
         };
-        let labels = bm.metadata.labels.unwrap_or_default();
-        if labels.get("cluster.x-k8s.io/cluster-name").map(String::as_str) != Some(cluster) {
+        if !condition_true(&host.data, "BootstrapSucceeded") {
             continue;
         }
         let name = host.metadata.name.clone().unwrap_or_default();
@@ -329,7 +321,7 @@ pub async fn bootstrapped_hosts(
                 .as_str()
                 .map_or_else(|| name.clone(), str::to_string),
             host: name,
-            control_plane: labels.contains_key("cluster.x-k8s.io/control-plane"),
+            control_plane,
             address: default_address(&host.data).unwrap_or_else(|| "127.0.0.1".into()),
         });
     }
