@@ -67,6 +67,11 @@ pub fn default_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/crd")
 }
 
+/// `charts/bootsman/crds/` of the same workspace: the chart ships the very same files.
+pub fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/bootsman/crds")
+}
+
 /// Writes every CRD into `dir`, returning the paths written.
 pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>, Error> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Write {

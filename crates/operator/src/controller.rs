@@ -251,6 +251,28 @@ async fn apply_if_changed(client: &kube::Client, obj: Value) -> Result<Option<St
 
 /// `ControlPlaneReady`'s message: the ready count and, while not all are ready, what the
 /// KubeadmControlPlane itself says it waits for (a blocked scale-up, or why it is not available).
+/// The message of `Ready` and `Reconciling`: every condition that does not hold yet, with its
+/// own message, so `kubectl get -o wide` and GitOps tools show what the cluster waits for without a
+/// `describe`. Empty once everything holds.
+fn waiting_message(table: &[(&str, bool, &str, &str, String)]) -> String {
+    let waits: Vec<String> = table
+        .iter()
+        .filter(|(_, holds, ..)| !holds)
+        .map(|(type_, _, _, _, msg)| {
+            if msg.is_empty() {
+                type_.to_string()
+            } else {
+                format!("{type_}: {msg}")
+            }
+        })
+        .collect();
+    if waits.is_empty() {
+        String::new()
+    } else {
+        format!("waiting for {}", waits.join(" | "))
+    }
+}
+
 fn control_plane_message(cp: &ReplicaCounts, kcp: &[Condition]) -> String {
     let counts = format!("{}/{} control-plane machines ready", cp.ready, cp.desired);
     if cp.ready >= cp.desired {
@@ -476,12 +498,19 @@ async fn observe(
             addons_reason,
             addons_msg,
         ),
-        ("Ready", ready, "Ready", "NotReady", String::new()),
-        ("Reconciling", !ready, "Provisioning", "Done", String::new()),
     ];
-    for (type_, holds, yes, no, msg) in &table {
-        let reason = if *holds { yes } else { no };
-        set(c, type_, Status::from_bool(*holds), reason, msg, gen_, &now);
+    let waiting = if ready {
+        String::new()
+    } else {
+        waiting_message(&table)
+    };
+    let table = table.into_iter().chain([
+        ("Ready", ready, "Ready", "NotReady", waiting.clone()),
+        ("Reconciling", !ready, "Provisioning", "Done", waiting),
+    ]);
+    for (type_, holds, yes, no, msg) in table {
+        let reason = if holds { yes } else { no };
+        set(c, type_, Status::from_bool(holds), reason, &msg, gen_, &now);
     }
     if was_hosts_ok != Some(hosts_ok) && !hosts_ok {
         event(
@@ -747,6 +776,27 @@ mod tests {
             ),
             observed_generation: None,
         }
+    }
+
+    #[test]
+    fn ready_names_every_condition_that_does_not_hold() {
+        let row = |t, holds, msg: &str| (t, holds, "Ready", "NotReady", msg.to_string());
+        let table = [
+            row("ControlPlaneReady", false, "1/3 control-plane machines ready"),
+            row("WorkersReady", true, "3/3 worker machines ready"),
+            row("HostsAvailable", false, "control-plane: 2 more host(s) needed"),
+            row("AddonsReady", false, ""),
+        ];
+        assert_eq!(
+            waiting_message(&table),
+            "waiting for ControlPlaneReady: 1/3 control-plane machines ready | \
+             HostsAvailable: control-plane: 2 more host(s) needed | AddonsReady"
+        );
+        let done = [
+            row("ControlPlaneReady", true, "3/3"),
+            row("AddonsReady", true, ""),
+        ];
+        assert_eq!(waiting_message(&done), "");
     }
 
     #[test]

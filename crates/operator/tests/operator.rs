@@ -122,6 +122,15 @@ async fn sample_is_applied_reapplied_without_writes_scaled_and_deleted() {
         "{}",
         c.message
     );
+    // Ready says what it waits for, the missing hosts included, without a `describe`.
+    let ready = condition(&bc, "Ready");
+    assert_eq!(ready.status, "False");
+    for wanted in [
+        "waiting for ControlPlaneReady: 0/3 control-plane machines ready",
+        "HostsAvailable: control-plane: 3 more host(s) needed",
+    ] {
+        assert!(ready.message.contains(wanted), "{wanted}: {}", ready.message);
+    }
     let cluster = Api::<Cluster>::namespaced(client.clone(), &ns)
         .get("demo")
         .await

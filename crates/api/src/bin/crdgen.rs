@@ -1,26 +1,33 @@
-//! `crdgen`: writes every Bootsman CRD to `config/crd/<plural>.<group>.yaml` (one file per CRD).
+//! `crdgen`: writes every Bootsman CRD to `config/crd/<plural>.<group>.yaml` (one file per CRD)
+//! and the same files to the chart's `charts/bootsman/crds/`.
 //!
-//! Usage: `cargo run -p bootsman-api --bin crdgen [-- OUT_DIR]`; the default directory is the
-//! workspace's `config/crd/`. The output is deterministic, and a unit test fails when the
+//! Usage: `cargo run -p bootsman-api --bin crdgen [-- OUT_DIR]`; with `OUT_DIR` only that
+//! directory is written. The output is deterministic, and a unit test fails when the
 //! committed files differ from what this writes.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let dir = std::env::args_os()
-        .nth(1)
-        .map_or_else(bootsman_api::crdgen::default_dir, PathBuf::from);
-    match bootsman_api::crdgen::write_all(&dir) {
-        Ok(files) => {
-            for f in files {
-                println!("wrote {}", f.display());
+    let dirs = match std::env::args_os().nth(1) {
+        Some(dir) => vec![PathBuf::from(dir)],
+        None => vec![
+            bootsman_api::crdgen::default_dir(),
+            bootsman_api::crdgen::chart_dir(),
+        ],
+    };
+    for dir in dirs {
+        match bootsman_api::crdgen::write_all(&dir) {
+            Ok(files) => {
+                for f in files {
+                    println!("wrote {}", f.display());
+                }
             }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("crdgen: {e}");
-            ExitCode::FAILURE
+            Err(e) => {
+                eprintln!("crdgen: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
+    ExitCode::SUCCESS
 }

@@ -48,7 +48,14 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.workers.desired",
         description = "Desired worker machines, all pools"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Waiting-For",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].message",
+        description = "What the cluster waits for before it is Ready",
+        priority = 1
+    )
 )]
 #[x_kube(validation = Rule::new("self.workers.map(w, w.replicas).sum() >= 3")
     .message("the worker pools must have at least 3 replicas in total (rule: worker-replicas-min-3)")
