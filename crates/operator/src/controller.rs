@@ -712,7 +712,8 @@ pub fn error_policy(_bc: Arc<BootsmanCluster>, err: &Error, _ctx: Arc<Context>) 
 }
 
 /// Runs the controller until `shutdown` resolves. Watches BootsmanClusters, the objects it
-/// renders (by owner) and ByoHosts (all clusters of the host's namespace are looked at again).
+/// renders (by owner) and ByoHosts (every cluster that may use the host's namespace is looked at
+/// again); with `namespace`, hosts of that namespace and of the shared pools it may use.
 pub async fn run(
     ctx: Arc<Context>,
     namespace: Option<String>,
@@ -727,9 +728,14 @@ pub async fn run(
             None => Api::all(c.clone()),
         }
     };
-    let hosts: Api<ByoHost> = match &namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+    // Namespaced, the operator still reads the shared pools its namespace may use: one watch
+    // per pool namespace, so a host arriving there wakes the clusters too.
+    let hosts: Vec<Api<ByoHost>> = match &namespace {
+        Some(ns) => pools::pools_for(&ctx.shared_pools, ns)
+            .iter()
+            .map(|pool| Api::namespaced(client.clone(), pool))
+            .collect(),
+        None => vec![Api::all(client.clone())],
     };
     let kcps: Api<KubeadmControlPlane> = match &namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -739,13 +745,13 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let controller = Controller::new(api(&client), watcher::Config::default());
-    let store = controller.store();
-    let shared = ctx.shared_pools.clone();
-    controller
+    let mut controller = Controller::new(api(&client), watcher::Config::default())
         .owns(kcps, watcher::Config::default())
-        .owns(mds, watcher::Config::default())
-        .watches(hosts, watcher::Config::default(), move |h: ByoHost| {
+        .owns(mds, watcher::Config::default());
+    for hosts in hosts {
+        let store = controller.store();
+        let shared = ctx.shared_pools.clone();
+        controller = controller.watches(hosts, watcher::Config::default(), move |h: ByoHost| {
             // A host wakes the clusters of its namespace and of every namespace its pool serves.
             let ns = h.namespace().unwrap_or_default();
             store
@@ -754,7 +760,9 @@ pub async fn run(
                 .filter(|b| pools::pools_for(&shared, &b.namespace().unwrap_or_default()).contains(&ns))
                 .map(|b| kube::runtime::reflector::ObjectRef::from_obj(&*b))
                 .collect::<Vec<_>>()
-        })
+        });
+    }
+    controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {})
