@@ -249,8 +249,6 @@ async fn apply_if_changed(client: &kube::Client, obj: Value) -> Result<Option<St
     Ok(Some(format!("{kind}/{name}")))
 }
 
-/// `ControlPlaneReady`'s message: the ready count and, while not all are ready, what the
-/// KubeadmControlPlane itself says it waits for (a blocked scale-up, or why it is not available).
 /// The message of `Ready` and `Reconciling`: every condition that does not hold yet, with its
 /// own message, so `kubectl get -o wide` and GitOps tools show what the cluster waits for without a
 /// `describe`. Empty once everything holds.
@@ -273,6 +271,8 @@ fn waiting_message(table: &[(&str, bool, &str, &str, String)]) -> String {
     }
 }
 
+/// `ControlPlaneReady`'s message: the ready count and, while not all are ready, what the
+/// KubeadmControlPlane itself says it waits for (a blocked scale-up, or why it is not available).
 fn control_plane_message(cp: &ReplicaCounts, kcp: &[Condition]) -> String {
     let counts = format!("{}/{} control-plane machines ready", cp.ready, cp.desired);
     if cp.ready >= cp.desired {
