@@ -27,7 +27,7 @@ mod capi;
 mod crds;
 mod error;
 mod pki;
-mod process;
+pub mod process;
 mod testbin;
 pub mod workload;
 

@@ -104,6 +104,11 @@ impl Component {
         })
     }
 
+    /// Process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.lock().ok()?.as_ref().map(Child::id)
+    }
+
     /// Component name.
     pub fn name(&self) -> &str {
         &self.name
