@@ -194,6 +194,40 @@ fn endpoint_port_is_1_to_65535() {
 }
 
 #[test]
+fn image_repository_is_a_host_and_path_without_scheme() {
+    for (repo, ok) in [
+        ("registry.example.internal/k8s", true),
+        ("10.20.0.5:5000", true),
+        ("172.31.77.1:5000/mirror/registry.k8s.io", true),
+        ("https://registry.example.internal", false),
+        ("registry.example.internal/", false),
+        ("Registry.Example", false),
+        ("reg:port", false),
+        ("", false),
+    ] {
+        let mut c = sample_cluster();
+        c.spec.image_repository = Some(repo.into());
+        let msgs = messages(validate_cel(&c));
+        assert_eq!(msgs.is_empty(), ok, "{repo:?}: {msgs:?}");
+        if !ok && !repo.is_empty() {
+            assert!(msgs[0].contains("(rule: image-repository-format)"), "{msgs:?}");
+        }
+    }
+}
+
+#[test]
+fn preflight_checks_are_named_one_by_one() {
+    let mut c = sample_cluster();
+    c.spec.nodes.ignore_preflight_errors = vec!["NumCPU".into(), "SystemVerification".into()];
+    assert_eq!(messages(validate_cel(&c)), Vec::<String>::new());
+    for bad in ["all", "ALL", "two words", "-x"] {
+        let mut c = sample_cluster();
+        c.spec.nodes.ignore_preflight_errors = vec![bad.into()];
+        assert_rejected_by(validate_cel(&c), "preflight-check-names");
+    }
+}
+
+#[test]
 fn pod_and_service_cidrs_are_cidrs_and_disjoint() {
     let mut c = sample_cluster();
     c.spec.network.pod_cidr = "10.244.0.0".into();

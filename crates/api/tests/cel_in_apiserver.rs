@@ -241,3 +241,44 @@ async fn host_claim_never_moves_between_machines() {
     assert_eq!(reclaimed.name_any(), "h1");
     assert_eq!(reclaimed.spec.machine_ref.unwrap().uid, "u2");
 }
+
+#[tokio::test]
+async fn image_repository_and_preflight_checks() {
+    let env = TestEnv::shared().await;
+    let ns = env.create_namespace("cel-nodes").await;
+    let api: Api<BootsmanCluster> = Api::namespaced(env.client().await, &ns);
+    for (i, bad) in [
+        "https://registry.example.internal",
+        "registry.example.internal/",
+        "Reg.Example",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut c = cluster(&ns, &format!("repo{i}"));
+        c.spec.image_repository = Some((*bad).into());
+        let msg = rejected(api.create(&PostParams::default(), &c).await);
+        assert!(msg.contains("spec.imageRepository"), "names the field: {msg}");
+        assert!(msg.contains("(rule: image-repository-format)"), "{msg}");
+    }
+    for (i, bad) in ["all", "two words"].iter().enumerate() {
+        let mut c = cluster(&ns, &format!("pre{i}"));
+        c.spec.nodes.ignore_preflight_errors = vec![(*bad).into()];
+        let msg = rejected(api.create(&PostParams::default(), &c).await);
+        assert!(
+            msg.contains("spec.nodes.ignorePreflightErrors"),
+            "names the field: {msg}"
+        );
+        assert!(msg.contains("(rule: preflight-check-names)"), "{msg}");
+    }
+    let mut c = cluster(&ns, "mirror");
+    c.spec.image_repository = Some("10.20.0.5:5000/k8s".into());
+    c.spec.nodes.allow_cgroup_v1 = true;
+    c.spec.nodes.ignore_preflight_errors = vec!["NumCPU".into()];
+    let stored = api.create(&PostParams::default(), &c).await.unwrap();
+    assert_eq!(
+        stored.spec.image_repository.as_deref(),
+        Some("10.20.0.5:5000/k8s")
+    );
+    assert!(stored.spec.nodes.allow_cgroup_v1);
+}

@@ -17,7 +17,7 @@ use std::time::Duration;
 use bootsman_api::capi::{Cluster, KubeadmControlPlane, Machine, MachineDeployment};
 use bootsman_api::labels;
 use bootsman_api::pools::{self, SharedPool};
-use bootsman_api::v1alpha1::{BootsmanCluster, BootsmanClusterStatus, ClusterPhase, ReplicaCounts};
+use bootsman_api::v1alpha1::{BootsmanCluster, BootsmanClusterStatus, ClusterPhase, Cni, ReplicaCounts};
 use bootsman_api::v1beta1::{ByoHost, ByoMachine, HostPhase};
 use bootsman_runtime::conditions::{self, Status};
 use k8s_openapi::api::core::v1::Secret;
@@ -31,7 +31,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::render::{control_plane_name, pool_object_name, render};
+use crate::render::{control_plane_name, pool_object_name, render, resource_set_name};
 use crate::settings::OperatorSettings;
 use crate::validate::validate;
 
@@ -448,7 +448,7 @@ async fn observe(
         .map_err(kube_err("reading kubeconfig Secret"))?
         .is_some();
 
-    let addons_ready = !addons_missing && addons_ready(bc, ctx, &ns).await?;
+    let (addons_ready, addons_reason, addons_msg) = addons_status(bc, ctx, &ns, addons_missing).await?;
     let cp_ready = cp.ready >= cp.desired;
     let w_ready = workers.ready >= workers.desired;
     let ready = cp_ready && w_ready && addons_ready;
@@ -457,18 +457,6 @@ async fn observe(
     let c = &mut status.conditions;
     let was_hosts_ok = conditions::get(c, "HostsAvailable").map(|x| x.status == "True");
     set(c, "Stalled", Status::False, "Valid", "", gen_, &now);
-    let addons_reason = if addons_missing {
-        "HelmChartProxyUnavailable"
-    } else if addons_ready {
-        "Ready"
-    } else {
-        "Installing"
-    };
-    let addons_msg = if addons_missing {
-        "the HelmChartProxy API (CAAPH) is not installed".to_string()
-    } else {
-        String::new()
-    };
     let hosts_msg = if hosts_ok {
         "enough free hosts for every role".to_string()
     } else {
@@ -560,24 +548,101 @@ async fn observe(
     Ok(status)
 }
 
-/// True when every HelmChartProxy of this cluster reports `Ready=True`.
-async fn addons_ready(bc: &BootsmanCluster, ctx: &Context, ns: &str) -> Result<bool, Error> {
-    let api = Api::<bootsman_api::capi::HelmChartProxy>::namespaced(ctx.client.clone(), ns);
-    let lp = ListParams::default().labels(&format!(
-        "{}={}",
-        bootsman_api::labels::BOOTSMAN_CLUSTER,
-        bc.name_any()
-    ));
-    match api.list(&lp).await {
-        Ok(l) => Ok(!l.items.is_empty()
-            && l.items.iter().all(|p| {
-                p.status
-                    .as_ref()
-                    .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
-            })),
-        Err(e) if is_not_found(&e) => Ok(false),
-        Err(e) => Err(kube_err("listing HelmChartProxies")(e)),
+/// Whether every addon of this cluster is installed, by the path it takes: the
+/// ClusterResourceSet of a plain-manifest addon (kube-router) reports `ResourcesApplied`, each
+/// HelmChartProxy (Cilium, Longhorn, ingress-nginx, MetalLB) reports `Ready`. Returns the
+/// condition's status, reason and a message naming each addon, its path and where it stands.
+async fn addons_status(
+    bc: &BootsmanCluster,
+    ctx: &Context,
+    ns: &str,
+    hcp_api_missing: bool,
+) -> Result<(bool, &'static str, String), Error> {
+    let name = bc.name_any();
+    let mut parts = Vec::new();
+    let mut all = true;
+    if bc.spec.network.cni == Cni::KubeRouter {
+        let crs_name = resource_set_name(&name, "cni");
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "addons.cluster.x-k8s.io",
+            "v1beta2",
+            "ClusterResourceSet",
+        ));
+        let crs = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar)
+            .get_opt(&crs_name)
+            .await
+            .map_err(kube_err("reading ClusterResourceSet"))?;
+        let applied = crs.as_ref().is_some_and(|c| {
+            c.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "ResourcesApplied" && c["status"] == "True")
+            })
+        });
+        all &= applied;
+        parts.push(format!(
+            "cni kube-router: ClusterResourceSet {crs_name}, {}",
+            if applied { "applied" } else { "not applied yet" }
+        ));
     }
+    let charts = chart_addons(bc);
+    if !charts.is_empty() {
+        if hcp_api_missing {
+            all = false;
+            parts.push(format!(
+                "{}: HelmChartProxy, the HelmChartProxy API (CAAPH) is not installed",
+                charts.join(", ")
+            ));
+        } else {
+            let api = Api::<bootsman_api::capi::HelmChartProxy>::namespaced(ctx.client.clone(), ns);
+            let lp =
+                ListParams::default().labels(&format!("{}={name}", bootsman_api::labels::BOOTSMAN_CLUSTER));
+            let proxies = match api.list(&lp).await {
+                Ok(l) => l.items,
+                Err(e) if is_not_found(&e) => Vec::new(),
+                Err(e) => return Err(kube_err("listing HelmChartProxies")(e)),
+            };
+            for addon in &charts {
+                let ready = proxies.iter().any(|p| {
+                    p.name_any() == format!("{name}-{addon}")
+                        && p.status
+                            .as_ref()
+                            .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
+                });
+                all &= ready;
+                parts.push(format!(
+                    "{addon}: HelmChartProxy, {}",
+                    if ready { "ready" } else { "installing" }
+                ));
+            }
+        }
+    }
+    let reason = if all {
+        "Ready"
+    } else if hcp_api_missing && !charts.is_empty() {
+        "HelmChartProxyUnavailable"
+    } else {
+        "Installing"
+    };
+    Ok((all, reason, parts.join("; ")))
+}
+
+/// The addons of this cluster installed as Helm charts (HelmChartProxy `<cluster>-<addon>`).
+fn chart_addons(bc: &BootsmanCluster) -> Vec<&'static str> {
+    let spec = &bc.spec;
+    let mut out = Vec::new();
+    if spec.network.cni == Cni::Cilium {
+        out.push("cilium");
+    }
+    if spec.storage.longhorn.enabled {
+        out.push("longhorn");
+    }
+    if spec.ingress.nginx.enabled {
+        out.push("ingress-nginx");
+    }
+    if spec.load_balancer.metallb.enabled {
+        out.extend(["metallb", "metallb-config"]);
+    }
+    out
 }
 
 /// Whether `labels` satisfy `selector` (no selector, or an empty one, selects everything).

@@ -6,13 +6,19 @@
 //! `cluster.x-k8s.io/cluster-name`, and owned (controller) by the BootsmanCluster:
 //! - `Cluster` (v1beta2) `<name>` with the networks, endpoint and references below;
 //! - `ByoCluster` `<name>` holding the endpoint;
-//! - `KubeadmControlPlane` `<name>-control-plane` with a kube-vip static pod holding the endpoint
-//!   address (ARP mode, leader election) and rollout `maxSurge: 0` (no spare host needed);
+//! - `KubeadmControlPlane` `<name>-control-plane` with rollout `maxSurge: 0` (no spare host
+//!   needed), a kube-vip static pod holding the endpoint address (ARP mode, leader election)
+//!   unless the endpoint's load balancer is `external`, kubeadm's `imageRepository` from
+//!   `spec.imageRepository`, and the node settings of `spec.nodes` (preflight checks, cgroup v1);
 //! - `ByoMachineTemplate` `<name>-control-plane` and, per worker pool, `<name>-<pool>`;
 //! - per worker pool a `KubeadmConfigTemplate` and a `MachineDeployment` `<name>-<pool>`
 //!   (rollout `maxSurge: 0`, `maxUnavailable: 1`);
-//! - addons as `HelmChartProxy` objects selecting the CAPI Cluster by `bootsman.io/addons: <name>`:
-//!   Cilium always, Longhorn, ingress-nginx and MetalLB when enabled. MetalLB's BGPPeer,
+//! - the CNI: with `cilium`, a `HelmChartProxy` (and kube-proxy is not installed); with
+//!   `kube-router`, a `ConfigMap` `<name>-cni-kube-router` holding its manifests and a
+//!   `ClusterResourceSet` `<name>-cni` that applies them once to the child cluster (Cluster API
+//!   core; no add-on provider needed);
+//! - the other addons as `HelmChartProxy` objects selecting the CAPI Cluster by
+//!   `bootsman.io/addons: <name>`: Longhorn, ingress-nginx and MetalLB when enabled. MetalLB's BGPPeer,
 //!   IPAddressPool and BGPAdvertisement objects go into a second HelmChartProxy
 //!   (`<name>-metallb-config`) built on a chart that installs the objects listed in its values
 //!   (`bedag/raw` by default), because CAAPH installs charts only.
@@ -20,7 +26,7 @@
 use std::collections::BTreeMap;
 
 use bootsman_api::labels;
-use bootsman_api::v1alpha1::BootsmanCluster;
+use bootsman_api::v1alpha1::{BootsmanCluster, Cni, EndpointLoadBalancer, Nodes};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Resource;
 use serde_json::{Value, json};
@@ -33,6 +39,11 @@ pub const NODE_ROLE_LABEL: &str = "bootsman.io/role";
 pub const POOL_LABEL: &str = "bootsman.io/pool";
 /// Path of the kube-vip static pod manifest on control-plane machines.
 pub const KUBE_VIP_MANIFEST: &str = "/etc/kubernetes/manifests/kube-vip.yaml";
+/// kubeadm's patches folder on every machine (`spec.nodes` settings of the kubelet).
+pub const KUBEADM_PATCHES: &str = "/etc/kubernetes/patches";
+/// kube-router's manifests (ServiceAccount, RBAC, ConfigMap with the CNI conflist, DaemonSet);
+/// `__IMAGE__` stands for the image.
+const KUBE_ROUTER_MANIFESTS: &str = include_str!("../manifests/kube-router.yaml");
 
 /// Name of the KubeadmControlPlane and of its ByoMachineTemplate.
 pub fn control_plane_name(cluster: &str) -> String {
@@ -96,12 +107,7 @@ pub fn render(bc: &BootsmanCluster, settings: &OperatorSettings) -> Vec<Value> {
             "bootstrap.cluster.x-k8s.io/v1beta2",
             "KubeadmConfigTemplate",
             &obj,
-            json!({"spec": {"template": {"spec": {
-                "joinConfiguration": {"nodeRegistration": {"kubeletExtraArgs": [{
-                    "name": "node-labels",
-                    "value": format!("{NODE_ROLE_LABEL}=worker,{POOL_LABEL}={}", pool.name),
-                }]}},
-            }}}}),
+            json!({"spec": {"template": {"spec": worker_kubeadm(&spec.nodes, &pool.name)}}}),
         ));
         let machine_labels = json!({
             labels::CLUSTER_NAME: name,
@@ -228,26 +234,140 @@ fn owner_reference(bc: &BootsmanCluster) -> Value {
     })
 }
 
-/// kubeadm configuration of the control plane: the kube-vip static pod, kube-proxy skipped
-/// (Cilium replaces it). On the first machine kubeadm's `admin.conf` is not yet bound to any
-/// RBAC when kube-vip starts, so kube-vip uses `super-admin.conf` until `kubeadm init` is done.
+/// kubeadm configuration of the control plane: kube-proxy skipped where Cilium replaces it; the
+/// kube-vip static pod when kube-vip holds the endpoint (on the first machine kubeadm's
+/// `admin.conf` is not yet bound to any RBAC when kube-vip starts, so kube-vip uses
+/// `super-admin.conf` until `kubeadm init` is done); the image repository; kube-proxy's
+/// conntrack setting (a `KubeProxyConfiguration` appended to the first machine's kubeadm
+/// configuration, which Cluster API has no field for); the node settings.
 fn control_plane_kubeadm(bc: &BootsmanCluster, settings: &OperatorSettings) -> Value {
-    let sed = |from: &str, to: &str| {
-        format!(
-            "if [ -f /run/kubeadm/kubeadm.yaml ]; then sed -i 's#path: /etc/kubernetes/{from}#path: /etc/kubernetes/{to}#' {KUBE_VIP_MANIFEST}; fi"
-        )
-    };
-    json!({
-        "initConfiguration": {"skipPhases": ["addon/kube-proxy"]},
-        "files": [{
+    let spec = &bc.spec;
+    let mut out = json!({});
+    let node = node_settings(&spec.nodes);
+    let mut init = json!({});
+    let mut join = json!({});
+    if !node.ignore_preflight_errors.is_empty() {
+        let registration = json!({"ignorePreflightErrors": node.ignore_preflight_errors});
+        init["nodeRegistration"] = registration.clone();
+        join["nodeRegistration"] = registration;
+    }
+    if !node.files.is_empty() {
+        init["patches"] = json!({"directory": KUBEADM_PATCHES});
+        join["patches"] = json!({"directory": KUBEADM_PATCHES});
+    }
+    if spec.network.cni == Cni::Cilium {
+        init["skipPhases"] = json!(["addon/kube-proxy"]);
+    }
+    let mut files = node.files;
+    let mut pre = Vec::new();
+    let mut post = Vec::new();
+    if let Some(repo) = &spec.image_repository {
+        out["clusterConfiguration"] = json!({"imageRepository": repo});
+    }
+    if spec.control_plane.endpoint.load_balancer == EndpointLoadBalancer::KubeVip {
+        let sed = |from: &str, to: &str| {
+            format!(
+                "if [ -f /run/kubeadm/kubeadm.yaml ]; then sed -i 's#path: /etc/kubernetes/{from}#path: /etc/kubernetes/{to}#' {KUBE_VIP_MANIFEST}; fi"
+            )
+        };
+        let image = mirrored(&settings.kube_vip_image, spec.image_repository.as_deref());
+        files.push(json!({
             "path": KUBE_VIP_MANIFEST,
             "owner": "root:root",
             "permissions": "0644",
-            "content": kube_vip_manifest(bc, &settings.kube_vip_image),
+            "content": kube_vip_manifest(bc, &image),
+        }));
+        pre.push(sed("admin.conf", "super-admin.conf"));
+        post.push(sed("super-admin.conf", "admin.conf"));
+    }
+    if spec.network.cni != Cni::Cilium
+        && let Some(per_core) = spec
+            .network
+            .kube_proxy
+            .as_ref()
+            .and_then(|k| k.conntrack_max_per_core)
+    {
+        // Only the first machine's file holds an InitConfiguration; joining machines read
+        // kube-proxy's settings from the cluster.
+        pre.push(format!(
+            "if grep -q '^kind: InitConfiguration' /run/kubeadm/kubeadm.yaml; then printf -- '---\\napiVersion: kubeproxy.config.k8s.io/v1alpha1\\nkind: KubeProxyConfiguration\\nconntrack:\\n  maxPerCore: {per_core}\\n' >> /run/kubeadm/kubeadm.yaml; fi"
+        ));
+    }
+    for (key, v) in [("initConfiguration", init), ("joinConfiguration", join)] {
+        if v.as_object().is_some_and(|o| !o.is_empty()) {
+            out[key] = v;
+        }
+    }
+    if !files.is_empty() {
+        out["files"] = json!(files);
+    }
+    if !pre.is_empty() {
+        out["preKubeadmCommands"] = json!(pre);
+    }
+    if !post.is_empty() {
+        out["postKubeadmCommands"] = json!(post);
+    }
+    out
+}
+
+/// kubeadm configuration of a worker pool's machines: the node labels and the node settings.
+fn worker_kubeadm(nodes: &Nodes, pool: &str) -> Value {
+    let node = node_settings(nodes);
+    let mut join = json!({"nodeRegistration": {
+        "kubeletExtraArgs": [{
+            "name": "node-labels",
+            "value": format!("{NODE_ROLE_LABEL}=worker,{POOL_LABEL}={pool}"),
         }],
-        "preKubeadmCommands": [sed("admin.conf", "super-admin.conf")],
-        "postKubeadmCommands": [sed("super-admin.conf", "admin.conf")],
-    })
+    }});
+    if !node.ignore_preflight_errors.is_empty() {
+        join["nodeRegistration"]["ignorePreflightErrors"] = json!(node.ignore_preflight_errors);
+    }
+    let mut out = json!({});
+    if !node.files.is_empty() {
+        join["patches"] = json!({"directory": KUBEADM_PATCHES});
+        out["files"] = json!(node.files);
+    }
+    out["joinConfiguration"] = join;
+    out
+}
+
+/// What `spec.nodes` asks of every machine.
+struct NodeSettings {
+    ignore_preflight_errors: Vec<String>,
+    /// kubeadm patch files (under [`KUBEADM_PATCHES`]).
+    files: Vec<Value>,
+}
+
+fn node_settings(nodes: &Nodes) -> NodeSettings {
+    let mut ignore = nodes.ignore_preflight_errors.clone();
+    let mut files = Vec::new();
+    if nodes.allow_cgroup_v1 {
+        if !ignore.iter().any(|c| c == "SystemVerification") {
+            ignore.push("SystemVerification".into());
+        }
+        files.push(json!({
+            "path": format!("{KUBEADM_PATCHES}/kubeletconfiguration0+strategic.yaml"),
+            "owner": "root:root",
+            "permissions": "0644",
+            "content": "failCgroupV1: false\n",
+        }));
+    }
+    NodeSettings {
+        ignore_preflight_errors: ignore,
+        files,
+    }
+}
+
+/// `image` from `repository` when the cluster names one: `<repository>/<last path element>`
+/// (`ghcr.io/kube-vip/kube-vip:v0.9.2` → `registry.example.internal/k8s/kube-vip:v0.9.2`).
+pub fn mirrored(image: &str, repository: Option<&str>) -> String {
+    match repository {
+        Some(repo) => {
+            let last = image.rsplit('/').next().unwrap_or(image);
+            format!("{}/{last}", repo.trim_end_matches('/'))
+        }
+        None => image.to_string(),
+    }
 }
 
 /// The kube-vip static pod: ARP mode, leader election among the control-plane machines, the
@@ -305,18 +425,27 @@ fn addons(ctx: &Ctx<'_>, bc: &BootsmanCluster, settings: &OperatorSettings) -> V
         None => upstream.to_string(),
     };
 
-    // Cilium reaches the API server through the endpoint (kube-proxy is not installed).
-    let cilium_reg = reg(&a.cilium, "quay.io");
-    let cilium = json!({
-        "k8sServiceHost": "{{ .Cluster.spec.controlPlaneEndpoint.host }}",
-        "k8sServicePort": "{{ .Cluster.spec.controlPlaneEndpoint.port }}",
-        "kubeProxyReplacement": true,
-        "ipam": {"mode": "kubernetes"},
-        "image": {"repository": format!("{cilium_reg}/cilium/cilium"), "useDigest": false},
-        "operator": {"image": {"repository": format!("{cilium_reg}/cilium/operator"), "useDigest": false}},
-        "envoy": {"image": {"repository": format!("{cilium_reg}/cilium/cilium-envoy"), "useDigest": false}},
-    });
-    out.push(ctx.chart("cilium", &a.cilium, "kube-system", &cilium));
+    match spec.network.cni {
+        Cni::Cilium => {
+            // Cilium reaches the API server through the endpoint (kube-proxy is not installed).
+            let cilium_reg = reg(&a.cilium, "quay.io");
+            let cilium = json!({
+                "k8sServiceHost": "{{ .Cluster.spec.controlPlaneEndpoint.host }}",
+                "k8sServicePort": "{{ .Cluster.spec.controlPlaneEndpoint.port }}",
+                "kubeProxyReplacement": true,
+                "ipam": {"mode": "kubernetes"},
+                "image": {"repository": format!("{cilium_reg}/cilium/cilium"), "useDigest": false},
+                "operator": {"image": {"repository": format!("{cilium_reg}/cilium/operator"), "useDigest": false}},
+                "envoy": {"image": {"repository": format!("{cilium_reg}/cilium/cilium-envoy"), "useDigest": false}},
+            });
+            out.push(ctx.chart("cilium", &a.cilium, "kube-system", &cilium));
+        }
+        Cni::KubeRouter => {
+            let image = mirrored(&settings.kube_router_image, spec.image_repository.as_deref());
+            let manifests = KUBE_ROUTER_MANIFESTS.replace("__IMAGE__", &image);
+            out.extend(ctx.resource_set("cni", "kube-router", &manifests));
+        }
+    }
 
     if spec.storage.longhorn.enabled {
         let mut values = json!({"defaultSettings": {"createDefaultDiskLabeledNodes": false}});
@@ -399,7 +528,36 @@ fn addons(ctx: &Ctx<'_>, bc: &BootsmanCluster, settings: &OperatorSettings) -> V
     out
 }
 
+/// Name of the ClusterResourceSet that applies the manifests of `addon` (e.g. `cni`).
+pub fn resource_set_name(cluster: &str, addon: &str) -> String {
+    format!("{cluster}-{addon}")
+}
+
 impl Ctx<'_> {
+    /// A ConfigMap `<cluster>-<addon>-<what>` holding `manifests`, and a ClusterResourceSet
+    /// `<cluster>-<addon>` that applies them once to the child cluster when it is reachable.
+    fn resource_set(&self, addon: &str, what: &str, manifests: &str) -> [Value; 2] {
+        let cm = format!("{}-{addon}-{what}", self.name);
+        [
+            self.object(
+                "v1",
+                "ConfigMap",
+                &cm,
+                json!({"data": {format!("{what}.yaml"): manifests}}),
+            ),
+            self.object(
+                "addons.cluster.x-k8s.io/v1beta2",
+                "ClusterResourceSet",
+                &resource_set_name(self.name, addon),
+                json!({"spec": {
+                    "clusterSelector": {"matchLabels": {labels::ADDONS_SELECTOR: self.name}},
+                    "resources": [{"kind": "ConfigMap", "name": cm}],
+                    "strategy": "ApplyOnce",
+                }}),
+            ),
+        ]
+    }
+
     /// A HelmChartProxy `<cluster>-<addon>` installing `src` into `namespace` of the child cluster.
     fn chart(&self, addon: &str, src: &ChartSource, namespace: &str, values: &Value) -> Value {
         let values = serde_saphyr::to_string(values).unwrap_or_else(|_| values.to_string());

@@ -11,6 +11,9 @@ pub struct OperatorSettings {
     /// Image of kube-vip, the static pod that holds the control-plane endpoint address.
     #[serde(default = "default_kube_vip_image")]
     pub kube_vip_image: String,
+    /// Image of kube-router, the CNI of clusters with `network.cni: kube-router`.
+    #[serde(default = "default_kube_router_image")]
+    pub kube_router_image: String,
     /// Where each addon's chart and images come from.
     #[serde(default)]
     pub addons: AddonSources,
@@ -20,6 +23,7 @@ impl Default for OperatorSettings {
     fn default() -> Self {
         Self {
             kube_vip_image: default_kube_vip_image(),
+            kube_router_image: default_kube_router_image(),
             addons: AddonSources::default(),
         }
     }
@@ -27,6 +31,10 @@ impl Default for OperatorSettings {
 
 fn default_kube_vip_image() -> String {
     "ghcr.io/kube-vip/kube-vip:v0.9.2".into()
+}
+
+fn default_kube_router_image() -> String {
+    "docker.io/cloudnativelabs/kube-router:v2.1.0".into()
 }
 
 /// Chart sources of every addon.
@@ -162,6 +170,9 @@ impl OperatorSettings {
         };
         if s.kube_vip_image.trim().is_empty() {
             return Err(empty("kubeVipImage"));
+        }
+        if s.kube_router_image.trim().is_empty() {
+            return Err(empty("kubeRouterImage"));
         }
         for (name, c) in s.addons.all() {
             for (f, v) in [

@@ -125,6 +125,27 @@ pub fn validate(spec: &BootsmanClusterSpec) -> Vec<Violation> {
             }
         }
     }
+    if let Some(repo) = &spec.image_repository
+        && !is_image_repository(repo)
+    {
+        out.push(v(
+            "spec.imageRepository",
+            "imageRepository must be a registry host (with an optional port) and an optional path, \
+             without a scheme or a trailing '/', e.g. registry.example.internal/k8s (rule: image-repository-format)",
+        ));
+    }
+    for (i, c) in spec.nodes.ignore_preflight_errors.iter().enumerate() {
+        let named = c.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && c.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+        if !named || c.eq_ignore_ascii_case("all") {
+            out.push(v(
+                format!("spec.nodes.ignorePreflightErrors[{i}]"),
+                "each ignorePreflightErrors entry must name one kubeadm preflight check, e.g. NumCPU; \
+                 'all' is refused (rule: preflight-check-names)",
+            ));
+        }
+    }
     let mlb = &spec.load_balancer.metallb;
     if mlb.mode != MetalLbMode::Bgp {
         out.push(v(
@@ -171,6 +192,28 @@ fn is_version(s: &str) -> bool {
         && parts
             .iter()
             .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `host[:port][/path...]`: lower-case DNS labels or an IPv4 address, an optional port of up to
+/// five digits, path components of `[a-z0-9._-]` starting and ending alphanumerically.
+fn is_image_repository(s: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let component = |c: &str, extra: &[u8]| {
+        let b = c.as_bytes();
+        !b.is_empty()
+            && alnum(b[0])
+            && alnum(b[b.len() - 1])
+            && b.iter().all(|x| alnum(*x) || extra.contains(x))
+    };
+    let mut parts = s.split('/');
+    let host_port = parts.next().unwrap_or_default();
+    let (host, port) = match host_port.split_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (host_port, None),
+    };
+    component(host, b".-")
+        && port.is_none_or(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
+        && parts.all(|c| component(c, b"._-"))
 }
 
 fn is_dns1123_label(s: &str) -> bool {
@@ -275,6 +318,27 @@ mod tests {
         let mut s = sample();
         s.kubernetes_version = "1.33".into();
         assert_eq!(rules(&s), ["version-format"]);
+
+        for (repo, ok) in [
+            ("registry.example.internal/k8s", true),
+            ("10.20.0.5:5000", true),
+            ("172.31.77.1:5000/mirror/registry.k8s.io", true),
+            ("https://registry.example.internal", false),
+            ("registry.example.internal/", false),
+            ("Registry.Example", false),
+            ("reg:port", false),
+        ] {
+            let mut s = sample();
+            s.image_repository = Some(repo.into());
+            let want: &[&str] = if ok { &[] } else { &["image-repository-format"] };
+            assert_eq!(rules(&s), want, "{repo}");
+        }
+
+        for bad in ["all", "ALL", "two words", "-x"] {
+            let mut s = sample();
+            s.nodes.ignore_preflight_errors = vec![bad.into()];
+            assert_eq!(rules(&s), ["preflight-check-names"], "{bad}");
+        }
 
         let mut s = sample();
         s.load_balancer.metallb.enabled = true;

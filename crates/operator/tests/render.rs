@@ -63,6 +63,11 @@ fn air_gapped() {
 }
 
 #[test]
+fn own_mirror_external_lb() {
+    check("own-mirror-external-lb");
+}
+
+#[test]
 fn every_object_is_owned_and_labelled() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/all-addons");
     let bc: BootsmanCluster =

@@ -37,7 +37,7 @@ pub enum Error {
         tail: String,
     },
     /// A call to the API server failed.
-    #[error("{what}")]
+    #[error("{what}: {source}")]
     Kube {
         /// What was being done.
         what: String,

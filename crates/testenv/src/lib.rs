@@ -59,6 +59,10 @@ pub struct Options {
     /// (`--cluster-signing-duration`; one year when `None`). Short values let a test watch
     /// certificate renewal happen.
     pub signing_duration: Option<Duration>,
+    /// Also serve the API on this address (the API server binds every address of its network
+    /// namespace and its certificate names this one): how lab hosts on a lab network reach it.
+    /// Only loopback when `None`.
+    pub advertise_address: Option<std::net::IpAddr>,
 }
 
 /// A running control plane. Dropping it stops every component.
@@ -106,7 +110,7 @@ impl TestEnv {
         let testbin = Testbin::locate()?;
         let dir = new_env_dir()?;
         let started = Instant::now();
-        let pki = Pki::create(&dir.join("pki"))?;
+        let pki = Pki::create_with_ips(&dir.join("pki"), options.advertise_address.as_slice())?;
         let logs = dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(error::io("create log directory", &logs))?;
 
@@ -162,9 +166,10 @@ impl TestEnv {
         let port = free_port()?;
         self.api_url = format!("https://127.0.0.1:{port}");
         let pki = &self.pki;
-        let args = ApiserverFlags {
+        let advertise = self.options.advertise_address.map(|a| a.to_string());
+        let mut args = ApiserverFlags {
             etcd_url: &etcd_url,
-            address: "127.0.0.1",
+            address: advertise.as_deref().unwrap_or("127.0.0.1"),
             port,
             serving: &pki.apiserver,
             client_ca: &pki.client_ca.cert,
@@ -174,6 +179,12 @@ impl TestEnv {
             service_account_key: &pki.service_account_key,
         }
         .args();
+        if advertise.is_some() {
+            // Loopback for the harness and the local controllers, the advertised address for the
+            // lab network.
+            args.retain(|a| !a.starts_with("--bind-address="));
+            args.push("--bind-address=0.0.0.0".into());
+        }
         let apiserver = self.spawn("kube-apiserver", "kube-apiserver", args)?;
         self.components.push(apiserver);
         write_kubeconfig(
@@ -322,6 +333,15 @@ impl TestEnv {
     /// `https://127.0.0.1:<port>` of the API server.
     pub fn api_url(&self) -> &str {
         &self.api_url
+    }
+
+    /// `https://<advertise address>:<port>` when [`Options::advertise_address`] is set (how lab
+    /// hosts reach the API server), else [`Self::api_url`].
+    pub fn advertised_url(&self) -> String {
+        match self.options.advertise_address {
+            Some(a) => self.api_url.replace("127.0.0.1", &a.to_string()),
+            None => self.api_url.clone(),
+        }
     }
 
     /// Certificates and keys of this control plane.

@@ -38,6 +38,12 @@ pub struct Pki {
 impl Pki {
     /// Creates a fresh PKI in `dir`.
     pub fn create(dir: &Path) -> Result<Self> {
+        Self::create_with_ips(dir, &[])
+    }
+
+    /// Creates a fresh PKI in `dir` whose API server certificate also names `extra_ips` (the
+    /// address a lab network reaches the API server at).
+    pub fn create_with_ips(dir: &Path, extra_ips: &[std::net::IpAddr]) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io("create PKI directory", dir))?;
         let server_ca = self_signed_ca(dir, "server-ca", "bootsman-testenv-server-ca")?;
         let client_ca = self_signed_ca(dir, "client-ca", "bootsman-testenv-client-ca")?;
@@ -50,17 +56,20 @@ impl Pki {
             server_ca,
             client_ca,
         };
-        pki.apiserver = pki.serving(
-            "apiserver",
-            &[
-                "IP:127.0.0.1",
-                "DNS:localhost",
-                "IP:10.0.0.1",
-                "DNS:kubernetes",
-                "DNS:kubernetes.default",
-                "DNS:kubernetes.default.svc",
-            ],
-        )?;
+        let mut sans: Vec<String> = [
+            "IP:127.0.0.1",
+            "DNS:localhost",
+            "IP:10.0.0.1",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
+        sans.extend(extra_ips.iter().map(|ip| format!("IP:{ip}")));
+        let sans: Vec<&str> = sans.iter().map(String::as_str).collect();
+        pki.apiserver = pki.serving("apiserver", &sans)?;
         pki.admin = pki.client("admin", "admin", &["system:masters"])?;
         key_pair(&pki.service_account_key, &pki.service_account_pub)?;
         Ok(pki)

@@ -104,6 +104,51 @@ pub struct BootsmanClusterSpec {
     /// Rancher integration.
     #[serde(default)]
     pub rancher: Rancher,
+
+    /// Registry and path prefix the machines pull the Kubernetes images from (kube-apiserver,
+    /// kube-controller-manager, kube-scheduler, kube-proxy, etcd, CoreDNS; kubeadm's
+    /// `imageRepository`), and the images the operator renders itself (kube-vip, kube-router,
+    /// under their last path element): an air-gapped site's mirror, e.g.
+    /// `registry.example.internal/k8s` or `10.0.0.5:5000`. `registry.k8s.io` (and each image's
+    /// upstream registry) when not set. The hosts' container runtime must be able to pull from
+    /// it (for a plain-HTTP mirror, its `hosts.toml`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    #[x_kube(validation = Rule::new(IMAGE_REPOSITORY_FORMAT).message(
+        "imageRepository must be a registry host (with an optional port) and an optional path, \
+         without a scheme or a trailing '/', e.g. registry.example.internal/k8s (rule: image-repository-format)"
+    ))]
+    pub image_repository: Option<String>,
+
+    /// How every machine runs kubeadm and the kubelet.
+    #[serde(default)]
+    pub nodes: Nodes,
+}
+
+/// CEL: `host[:port][/path...]` in lower case, no scheme, no trailing slash.
+const IMAGE_REPOSITORY_FORMAT: &str =
+    r"self.matches('^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$')";
+
+/// Settings of kubeadm and the kubelet on every machine of the cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Nodes {
+    /// Let the kubelet run on hosts still on cgroup v1 (RHEL 8, Ubuntu 20.04, machines booted
+    /// with `systemd.unified_cgroup_hierarchy=0`): the kubelet gets `failCgroupV1: false` and
+    /// kubeadm's `SystemVerification` preflight check, which refuses cgroup v1 since Kubernetes
+    /// 1.35, is downgraded to a warning. Kubernetes plans to remove cgroup v1 support; move the
+    /// hosts to cgroup v2.
+    #[serde(default)]
+    pub allow_cgroup_v1: bool,
+    /// Further kubeadm preflight checks to downgrade to warnings on every machine (kubeadm's
+    /// `ignorePreflightErrors`, e.g. `NumCPU`). `all` is refused: name each check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 64)))]
+    #[x_kube(validation = Rule::new(
+        "self.all(c, c.matches('^[A-Za-z0-9][A-Za-z0-9.-]*$') && c.lowerAscii() != 'all')"
+    )
+    .message("each ignorePreflightErrors entry must name one kubeadm preflight check, e.g. NumCPU; 'all' is refused (rule: preflight-check-names)"))]
+    pub ignore_preflight_errors: Vec<String>,
 }
 
 /// CEL: the new `vX.Y.Z` is not lower than the old one (skipped when either is malformed, which
@@ -133,7 +178,8 @@ pub struct ControlPlane {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_selector: Option<LabelSelector>,
 
-    /// The API server endpoint: a virtual IP held by kube-vip on the control-plane hosts.
+    /// The API server endpoint: a virtual IP held by kube-vip on the control-plane hosts, or
+    /// the address of a load balancer of the site.
     pub endpoint: Endpoint,
 }
 
@@ -149,6 +195,24 @@ pub struct Endpoint {
     #[x_kube(validation = Rule::new("self >= 1 && self <= 65535")
         .message("endpoint port must be between 1 and 65535 (rule: endpoint-port-range)"))]
     pub port: i32,
+    /// Who holds the endpoint address: `kubeVip` (a kube-vip static pod on the control-plane
+    /// machines announces it by ARP; the default) or `external` (a load balancer of the site,
+    /// e.g. HAProxy or an appliance, forwards `host:port` to port 6443 of every control-plane
+    /// host; nothing is rendered for it).
+    #[serde(default)]
+    pub load_balancer: EndpointLoadBalancer,
+}
+
+/// Who holds a control-plane endpoint.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum EndpointLoadBalancer {
+    /// A kube-vip static pod on the control-plane machines (ARP, leader election).
+    #[default]
+    #[serde(rename = "kubeVip")]
+    KubeVip,
+    /// A load balancer the site runs.
+    #[serde(rename = "external")]
+    External,
 }
 
 fn default_port() -> i32 {
@@ -182,7 +246,10 @@ pub struct WorkerPool {
      (!cidr(self.podCIDR).containsCIDR(self.serviceCIDR) && !cidr(self.serviceCIDR).containsCIDR(self.podCIDR))"
 ).message("network.podCIDR and network.serviceCIDR must not overlap (rule: network-cidrs-disjoint)"))]
 pub struct Network {
-    /// The CNI plugin. Cilium is the only one supported.
+    /// The CNI plugin: `cilium` (the default; installed as a Helm chart through the Cluster API
+    /// add-on provider for Helm, replacing kube-proxy) or `kube-router` (installed from plain
+    /// manifests through a ClusterResourceSet of Cluster API itself, beside kube-proxy; routes
+    /// pods between nodes over BGP and enforces NetworkPolicy).
     #[serde(default)]
     pub cni: Cni,
     /// Pod network (CIDR).
@@ -197,6 +264,9 @@ pub struct Network {
     #[x_kube(validation = Rule::new("isCIDR(self)")
         .message("network.serviceCIDR must be a CIDR such as 10.96.0.0/12 (rule: service-cidr-format)"))]
     pub service_cidr: String,
+    /// kube-proxy settings (with `cni: kube-router`; Cilium replaces kube-proxy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy: Option<KubeProxy>,
 }
 
 impl Default for Network {
@@ -205,8 +275,22 @@ impl Default for Network {
             cni: Cni::default(),
             pod_cidr: default_pod_cidr(),
             service_cidr: default_service_cidr(),
+            kube_proxy: None,
         }
     }
+}
+
+/// kube-proxy settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeProxy {
+    /// Connection-tracking entries kube-proxy asks the kernel for, per CPU
+    /// (`conntrack.maxPerCore`; 32768 when not set). `0` leaves `nf_conntrack_max` as the host
+    /// has it: for hosts whose sysctls are managed elsewhere, or where kube-proxy may not write
+    /// them (nodes in containers or network namespaces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1048576))]
+    pub conntrack_max_per_core: Option<i32>,
 }
 
 fn default_pod_cidr() -> String {
@@ -219,11 +303,15 @@ fn default_service_cidr() -> String {
 
 /// Supported CNI plugins.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
 pub enum Cni {
-    /// Cilium, installed as an addon before nodes can become ready.
+    /// Cilium, installed as a Helm chart (CAAPH) before nodes can become ready; replaces
+    /// kube-proxy.
     #[default]
+    #[serde(rename = "cilium")]
     Cilium,
+    /// kube-router, installed from manifests by a ClusterResourceSet; kube-proxy stays.
+    #[serde(rename = "kube-router")]
+    KubeRouter,
 }
 
 /// Persistent storage addons.
