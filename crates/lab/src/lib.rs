@@ -14,6 +14,8 @@
 //! - [`init`]: a host's first process (mounts, network, a small service manager);
 //! - [`unit`], [`systemctl`]: unit files as systemd reads them, and the host's `systemctl`;
 //! - [`registry`], [`lb`]: the lab registry and the load balancer at an endpoint;
+//! - [`site`]: a whole Bootsman site on lab hosts (the demo's and the end-to-end test's);
+//! - [`demo`]: the demo (`hack/demo.sh`): the sample BootsmanCluster on six lab hosts;
 //! - [`cleanup`]: cgroups and folders of runs that are gone (`bootsman-lab down`).
 //!
 //! Nothing on the machine outside the run changes: no sysctl (forwarding is enabled in the
@@ -23,6 +25,7 @@
 //! mount or process after the run (see [`cleanup`]).
 
 pub mod cleanup;
+pub mod demo;
 pub mod error;
 pub mod host;
 pub mod init;
@@ -30,6 +33,7 @@ pub mod lb;
 pub mod net;
 pub mod ns;
 pub mod registry;
+pub mod site;
 pub mod systemctl;
 pub mod unit;
 

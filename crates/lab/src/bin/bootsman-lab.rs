@@ -1,5 +1,7 @@
 //! `bootsman-lab`: lab hosts on this machine.
 //!
+//! - `bootsman-lab demo [--keep] [--timeout SECS]`: the demo (`hack/demo.sh`): a site on six
+//!   lab hosts and the sample BootsmanCluster until its child cluster has six Ready Nodes.
 //! - `bootsman-lab up --hosts N`: a bare lab (the lab registry and N hosts running containerd
 //!   and an idle kubelet), until Ctrl-C; for looking around a host (`nsenter -t <init> -a`).
 //! - `bootsman-lab down`: removes what lab runs that are gone left behind (cgroups, folders).
@@ -10,7 +12,9 @@ use std::process::ExitCode;
 
 use bootsman_lab::{Lab, LabHost, cleanup, init, ns, registry::Registry, runs_root, systemctl};
 
-const USAGE: &str = "usage: bootsman-lab up --hosts N | down
+const USAGE: &str = "usage: bootsman-lab demo [--keep] [--timeout SECS] | up --hosts N | down
+  demo           a site on 6 lab hosts and the sample BootsmanCluster, until 6 Nodes are Ready
+                 (--keep: then until Ctrl-C; --timeout: longest wait, default 1200 s)
   up --hosts N   the lab registry and N hosts (containerd, kubelet), until Ctrl-C
   down           remove what finished or crashed lab runs left (cgroups, folders)";
 
@@ -54,6 +58,41 @@ fn main() -> ExitCode {
                 );
             }
             ExitCode::SUCCESS
+        }
+        Some("demo") => {
+            let mut opts = bootsman_lab::demo::DemoOptions {
+                keep: false,
+                timeout: std::time::Duration::from_secs(1200),
+            };
+            let mut it = args[2..].iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--keep" => opts.keep = true,
+                    "--timeout" => match it.next().and_then(|s| s.parse().ok()) {
+                        Some(s) => opts.timeout = std::time::Duration::from_secs(s),
+                        None => return usage(),
+                    },
+                    _ => return usage(),
+                }
+            }
+            if !ns::inside() {
+                eprintln!("bootsman-lab: {}", ns::reexec());
+                return ExitCode::FAILURE;
+            }
+            let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("bootsman-lab: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(bootsman_lab::demo::run(opts)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("\nbootsman-lab demo: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Some("up") => {
             let n: u8 = match args.get(2).map(String::as_str) {

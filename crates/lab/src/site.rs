@@ -1,0 +1,522 @@
+//! A Bootsman site on lab hosts, as the demo and the end-to-end test use it:
+//!
+//! 1. the lab network and registry ([`crate::net`], [`crate::registry`]);
+//! 2. the infrastructure cluster's control plane from `bootsman-testenv` (etcd, kube-apiserver,
+//!    kube-controller-manager, the Cluster API core, kubeadm bootstrap and kubeadm
+//!    control-plane managers), serving on the lab gateway as well so hosts reach it;
+//! 3. `charts/bootsman` installed with Helm, and `bootsman-provider` and `bootsman-operator` run
+//!    with the chart's ServiceAccount tokens (as processes in the lab namespace: the
+//!    infrastructure control plane has no nodes to run Pods on);
+//! 4. lab hosts, each enrolled as the README says (a one-time token from `bootsmanctl hosts
+//!    token`, `dpkg -i` of the agent's `.deb`, its flags file, `systemctl enable --now
+//!    byoh-agent`);
+//! 5. HAProxy at the child cluster's endpoint with the control-plane hosts as backends.
+//!
+//! Everything stops in reverse order when the site is dropped.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use bootsman_testenv::process::Component;
+use bootsman_testenv::{Options, TestEnv};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result, io};
+use crate::lb::LoadBalancer;
+use crate::registry::Registry;
+use crate::{Lab, LabHost, net, run};
+
+/// Role label of a host, as the sample BootsmanCluster selects them.
+pub const ROLE_LABEL: &str = "role";
+/// The pool namespace the lab's hosts enrol into.
+pub const POOL: &str = "default";
+
+/// The hosts of a site: name and role (`control-plane` or `worker`).
+#[derive(Clone, Debug)]
+pub struct SitePlan {
+    /// `(name, role)` of each host, in boot order.
+    pub hosts: Vec<(String, String)>,
+}
+
+impl SitePlan {
+    /// `host-1`… with the first `control_plane` labelled `role=control-plane`, the rest workers.
+    pub fn new(control_plane: usize, workers: usize) -> Self {
+        let hosts = (1..=control_plane + workers)
+            .map(|i| {
+                let role = if i <= control_plane {
+                    "control-plane"
+                } else {
+                    "worker"
+                };
+                (format!("host-{i}"), role.to_string())
+            })
+            .collect();
+        Self { hosts }
+    }
+}
+
+/// Progress lines with the seconds since the start.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    start: Instant,
+}
+
+impl Progress {
+    /// Starts counting now.
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+        }
+    }
+    /// Prints `[  12s] msg`.
+    pub fn say(&self, msg: &str) {
+        println!("    [{:4}s] {msg}", self.start.elapsed().as_secs());
+    }
+    /// Seconds since the start.
+    pub fn secs(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A running site. Fields drop in order: hosts, load balancer, controllers, control plane,
+/// registry, lab.
+#[derive(Debug)]
+pub struct Site {
+    /// The lab hosts, by name.
+    pub hosts: Vec<LabHost>,
+    /// HAProxy at the child cluster endpoint (once the hosts are known).
+    pub lb: Option<LoadBalancer>,
+    controllers: Vec<Component>,
+    /// The infrastructure cluster's control plane.
+    pub env: TestEnv,
+    /// The lab registry.
+    pub registry: Registry,
+    /// The lab run.
+    pub lab: Lab,
+    plan: SitePlan,
+}
+
+impl Site {
+    /// Brings the site up (see the module header). Hosts are enrolled and heartbeating when it
+    /// returns.
+    pub async fn up(plan: SitePlan, p: &Progress) -> Result<Site> {
+        let lab = Lab::create()?;
+        p.say(&format!(
+            "lab run {} (folder {})",
+            lab.run_id(),
+            lab.dir().display()
+        ));
+        let registry = Registry::start(&lab)?;
+        p.say(&format!(
+            "lab registry at {} (the site's mirror)",
+            net::registry()
+        ));
+        let env = TestEnv::start(Options {
+            capi: true,
+            advertise_address: Some(IpAddr::V4(net::GATEWAY)),
+            ..Options::default()
+        })
+        .await?;
+        p.say(&format!(
+            "infrastructure control plane at {} with the Cluster API managers",
+            env.advertised_url()
+        ));
+
+        let helm = env.testbin().bin("helm");
+        run(
+            Command::new(&helm)
+                .args(["install", "bootsman"])
+                .arg(bootsman_testenv::repo_root().join("charts/bootsman"))
+                .args([
+                    "--namespace",
+                    "bootsman-system",
+                    "--create-namespace",
+                    "--skip-crds",
+                ])
+                .env("KUBECONFIG", env.kubeconfig())
+                .env("HELM_CACHE_HOME", lab.dir().join("helm"))
+                .env("HELM_CONFIG_HOME", lab.dir().join("helm"))
+                .env("HELM_DATA_HOME", lab.dir().join("helm")),
+            "helm install bootsman charts/bootsman",
+        )?;
+        p.say("helm install bootsman charts/bootsman");
+
+        let mut controllers = Vec::new();
+        for (bin, port, extra) in [
+            ("bootsman-provider", 18080, vec!["--release-timeout", "3m"]),
+            ("bootsman-operator", 18081, vec![]),
+        ] {
+            let program = lab.exe_dir().join(bin);
+            if !program.exists() {
+                return Err(Error::Unsupported(format!(
+                    "{} is not built: cargo build --bins",
+                    program.display()
+                )));
+            }
+            let kubeconfig = service_account_kubeconfig(&env, &lab, bin)?;
+            let mut args = vec!["--metrics-bind-address".to_string(), format!("127.0.0.1:{port}")];
+            args.extend(extra.iter().map(|s| (*s).to_string()));
+            controllers.push(Component::spawn(
+                bin,
+                &program,
+                &args,
+                &[
+                    ("KUBECONFIG", &kubeconfig.display().to_string()),
+                    ("POD_NAMESPACE", "bootsman-system"),
+                    ("RUST_LOG", "info,kube=warn"),
+                ],
+                lab.dir().join(format!("{bin}.log")),
+            )?);
+        }
+        p.say("bootsman-provider and bootsman-operator running with the chart's ServiceAccounts (processes)");
+
+        let mut site = Site {
+            hosts: Vec::new(),
+            lb: None,
+            controllers,
+            env,
+            registry,
+            lab,
+            plan: plan.clone(),
+        };
+        for i in 0..plan.hosts.len() {
+            site.boot_host(i).await?;
+        }
+        // HAProxy with the control-plane hosts as backends, as a site's load balancer has them.
+        let backends: Vec<(String, Ipv4Addr)> = site
+            .hosts
+            .iter()
+            .zip(&plan.hosts)
+            .filter(|(_, (_, role))| role == "control-plane")
+            .map(|(h, _)| (h.name().to_string(), h.address()))
+            .collect();
+        site.lb = Some(LoadBalancer::start(&site.lab, net::endpoint(0), 6443, &backends)?);
+        p.say(&format!(
+            "{} hosts booted and enrolling; HAProxy at {}:6443 in front of {}",
+            site.hosts.len(),
+            net::endpoint(0),
+            backends
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        site.wait_hosts_available(plan.hosts.len(), Duration::from_secs(180))
+            .await?;
+        p.say(&format!("{} ByoHosts Available in pool {POOL}", plan.hosts.len()));
+        Ok(site)
+    }
+
+    /// Boots host `i` of the plan (again, after a kill: its disks keep what they held) and
+    /// enrols it when it has not enrolled before.
+    pub async fn boot_host(&mut self, i: usize) -> Result<()> {
+        let (name, role) = self.plan.hosts[i].clone();
+        let n = u8::try_from(i + 1).map_err(|_| Error::Unsupported("at most 99 lab hosts".into()))?;
+        let host = LabHost::boot(&self.lab, n, &name)?;
+        if host
+            .sh("test -f /var/lib/byoh-agent/kubeconfig && echo yes || echo no")?
+            .trim()
+            == "no"
+        {
+            let token = run(
+                Command::new(self.lab.exe_dir().join("bootsmanctl"))
+                    .args([
+                        "hosts",
+                        "token",
+                        "--namespace",
+                        POOL,
+                        "--name",
+                        &name,
+                        "--ttl",
+                        "30m",
+                    ])
+                    .arg("--server")
+                    .arg(self.env.advertised_url())
+                    .env("KUBECONFIG", self.env.kubeconfig()),
+                &format!("bootsmanctl hosts token --name {name}"),
+            )?;
+            host.install_agent(
+                &agent_package()?,
+                &token,
+                &format!(
+                    "--namespace {POOL} --name {name} --label {ROLE_LABEL}={role} \
+                     --bootstrap-kubeconfig /etc/byoh-agent/bootstrap-kubeconfig --heartbeat-interval 5s"
+                ),
+            )?;
+        }
+        if i < self.hosts.len() {
+            self.hosts[i] = host;
+        } else {
+            self.hosts.push(host);
+        }
+        Ok(())
+    }
+
+    /// Host by name.
+    pub fn host(&self, name: &str) -> Option<&LabHost> {
+        self.hosts.iter().find(|h| h.name() == name)
+    }
+
+    /// Index of a host in the plan.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.plan.hosts.iter().position(|(n, _)| n == name)
+    }
+
+    /// An admin client of the infrastructure cluster.
+    pub async fn client(&self) -> kube::Client {
+        self.env.client().await
+    }
+
+    /// Fails with the log tail of the first controller that stopped.
+    pub fn check_controllers(&self) -> Result<()> {
+        for c in &self.controllers {
+            c.check_running()?;
+        }
+        self.lb.as_ref().map_or(Ok(()), LoadBalancer::check_running)
+    }
+
+    /// Where the controllers and the lab services log.
+    pub fn log_dir(&self) -> &Path {
+        self.lab.dir()
+    }
+
+    /// Waits until `n` ByoHosts of the pool are `Available`.
+    pub async fn wait_hosts_available(&self, n: usize, timeout: Duration) -> Result<()> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client().await, POOL, &byohost_resource());
+        until(&format!("{n} ByoHosts Available"), timeout, || async {
+            self.check_controllers()?;
+            let hosts = api
+                .list(&ListParams::default())
+                .await
+                .map_err(crate::error::kube("list ByoHosts"))?;
+            let phases: Vec<String> = hosts
+                .items
+                .iter()
+                .map(|h| {
+                    format!(
+                        "{}={}",
+                        h.metadata.name.clone().unwrap_or_default(),
+                        h.data["status"]["phase"].as_str().unwrap_or("-")
+                    )
+                })
+                .collect();
+            let available = hosts
+                .items
+                .iter()
+                .filter(|h| h.data["status"]["phase"] == "Available")
+                .count();
+            Ok(if available >= n {
+                Ok(())
+            } else {
+                Err(phases.join(" "))
+            })
+        })
+        .await
+    }
+
+    /// Writes the admin kubeconfig of child cluster `name` (from the `<name>-kubeconfig` Secret
+    /// Cluster API keeps) into the run folder and returns its path.
+    pub async fn child_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf> {
+        let secret = Api::<Secret>::namespaced(self.client().await, namespace)
+            .get(&format!("{name}-kubeconfig"))
+            .await
+            .map_err(crate::error::kube(format!(
+                "read Secret {namespace}/{name}-kubeconfig"
+            )))?;
+        let value = secret
+            .data
+            .and_then(|d| d.get("value").cloned())
+            .ok_or_else(|| Error::Unsupported(format!("Secret {name}-kubeconfig has no value")))?;
+        let path = self.lab.dir().join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, value.0).map_err(io("write", &path))?;
+        Ok(path)
+    }
+
+    /// `kubectl ARGS` against the infrastructure cluster, or a child cluster with `kubeconfig`.
+    pub fn kubectl(&self, kubeconfig: Option<&Path>, args: &[&str]) -> Result<String> {
+        run(
+            Command::new(self.env.testbin().bin("kubectl"))
+                .args(args)
+                .env("KUBECONFIG", kubeconfig.unwrap_or(self.env.kubeconfig())),
+            &format!("kubectl {}", args.join(" ")),
+        )
+    }
+}
+
+/// The ByoHost resource for dynamic access.
+pub fn byohost_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "infrastructure.cluster.x-k8s.io",
+        "v1beta1",
+        "ByoHost",
+    ))
+}
+
+/// The newest `byoh-agent` `.deb` built by `hack/package`.
+pub fn agent_package() -> Result<PathBuf> {
+    let dir = bootsman_testenv::repo_root().join("target/package");
+    let mut debs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    debs.retain(|p| p.extension().is_some_and(|e| e == "deb"));
+    debs.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    debs.pop().ok_or_else(|| {
+        Error::Unsupported(format!(
+            "no byoh-agent .deb in {}: run hack/package",
+            dir.display()
+        ))
+    })
+}
+
+/// A kubeconfig with a token of ServiceAccount `bootsman-system/<sa>`: the controller gets
+/// exactly the chart's RBAC, as in a Pod.
+fn service_account_kubeconfig(env: &TestEnv, lab: &Lab, sa: &str) -> Result<PathBuf> {
+    let token = run(
+        env.kubectl().args([
+            "-n",
+            "bootsman-system",
+            "create",
+            "token",
+            sa,
+            "--duration",
+            "24h",
+        ]),
+        &format!("kubectl create token {sa}"),
+    )?;
+    let ca =
+        std::fs::read_to_string(&env.pki().server_ca.cert).map_err(io("read", &env.pki().server_ca.cert))?;
+    let kc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "infra", "cluster": {
+            "server": env.api_url(),
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca.as_bytes()),
+        }}],
+        "users": [{"name": sa, "user": {"token": token.trim()}}],
+        "contexts": [{"name": sa, "context": {"cluster": "infra", "user": sa}}],
+        "current-context": sa,
+    });
+    let path = lab.dir().join(format!("{sa}.kubeconfig"));
+    std::fs::write(&path, kc.to_string()).map_err(io("write", &path))?;
+    Ok(path)
+}
+
+/// The sample BootsmanCluster (`config/samples/bootsmancluster.yaml`) with what a lab site
+/// differs in: the version of the lab's kubelet and kubeadm, the lab registry as image
+/// repository, HAProxy as the endpoint's external load balancer, kube-router as the CNI (the
+/// Cluster API add-on provider for Helm, which installs Cilium, Longhorn and ingress-nginx, is
+/// not obtainable here), and this machine's cgroup v1. Returns the object and a line per change.
+pub fn lab_cluster(version: &str) -> Result<(Value, Vec<String>)> {
+    let path = bootsman_testenv::repo_root().join("config/samples/bootsmancluster.yaml");
+    let text = std::fs::read_to_string(&path).map_err(io("read", &path))?;
+    let mut bc: Value = serde_saphyr::from_str(&text).map_err(|e| Error::Command {
+        what: format!("parse {}", path.display()),
+        detail: e.to_string(),
+    })?;
+    let spec = &mut bc["spec"];
+    let mut changes = Vec::new();
+    let mut set = |ptr: &str, v: Value, why: &str| {
+        changes.push(format!("{ptr} = {v}  ({why})"));
+        let (parent, key) = ptr.rsplit_once('/').unwrap_or(("", ptr));
+        let mut cur = &mut *spec;
+        for part in parent.split('/').filter(|s| !s.is_empty()) {
+            cur = &mut cur[part];
+        }
+        cur[key] = v;
+    };
+    set(
+        "kubernetesVersion",
+        json!(version),
+        "the version of the lab's kubelet and kubeadm",
+    );
+    set(
+        "imageRepository",
+        json!(net::registry()),
+        "the lab registry, the site's mirror",
+    );
+    set(
+        "controlPlane/endpoint/host",
+        json!(net::endpoint(0).to_string()),
+        "HAProxy's address on the lab network",
+    );
+    set(
+        "controlPlane/endpoint/loadBalancer",
+        json!("external"),
+        "HAProxy, since kube-vip is not obtainable here",
+    );
+    set(
+        "network/cni",
+        json!("kube-router"),
+        "Cilium needs the Helm add-on provider, not obtainable here",
+    );
+    set(
+        "network/kubeProxy",
+        json!({"conntrackMaxPerCore": 0}),
+        "lab hosts may not raise nf_conntrack_max",
+    );
+    set(
+        "storage/longhorn/enabled",
+        json!(false),
+        "a Helm chart: needs the add-on provider",
+    );
+    set(
+        "ingress/nginx/enabled",
+        json!(false),
+        "a Helm chart: needs the add-on provider",
+    );
+    set("nodes/allowCgroupV1", json!(true), "this machine runs cgroup v1");
+    Ok((bc, changes))
+}
+
+/// Polls `check` every 2 s until it returns `Ok(Ok(v))`; `Ok(Err(seen))` keeps waiting and is
+/// reported on timeout; `Err` stops at once.
+pub async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<std::result::Result<T, String>>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        let seen = match check().await? {
+            Ok(v) => return Ok(v),
+            Err(seen) => seen,
+        };
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: format!("{what} (last seen: {seen})"),
+                secs: timeout.as_secs(),
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_lab_cluster_is_the_sample_with_named_changes() {
+        let (bc, changes) = lab_cluster("v1.36.3").unwrap();
+        assert_eq!(bc["spec"]["controlPlane"]["replicas"], 3);
+        assert_eq!(bc["spec"]["controlPlane"]["endpoint"]["loadBalancer"], "external");
+        assert_eq!(bc["spec"]["network"]["cni"], "kube-router");
+        assert_eq!(bc["spec"]["imageRepository"], "172.31.77.1:5000");
+        assert_eq!(changes.len(), 9);
+        let typed: bootsman_api::v1alpha1::BootsmanCluster = serde_json::from_value(bc).unwrap();
+        assert!(typed.spec.nodes.allow_cgroup_v1);
+    }
+}
