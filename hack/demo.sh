@@ -1,30 +1,57 @@
 #!/usr/bin/env bash
-# The local demo: a Bootsman infrastructure cluster on this machine, with simulated hosts.
+# The local demo: a Bootsman infrastructure cluster on this machine and a child cluster of real
+# nodes on lab hosts.
 #
-#   hack/demo.sh          run the demo, print what it reached, stop everything
-#   hack/demo.sh --keep   leave it running until Ctrl-C, to explore with kubectl
-#   hack/demo.sh --short  the same with a shorter wait (what CI runs)
+#   hack/demo.sh              run the demo, print what it reached, stop everything
+#   hack/demo.sh --keep       leave it running until Ctrl-C, to explore with kubectl and crictl
+#   hack/demo.sh --short      the same with a shorter wait
+#   hack/demo.sh --simulated  simulated hosts instead of lab hosts (no root needed; see below)
 #
-# It starts the real control plane of the test environment (etcd, kube-apiserver,
-# kube-controller-manager and the Cluster API core, kubeadm bootstrap and kubeadm control-plane
-# managers) on loopback, installs charts/bootsman with Helm, runs bootsman-provider and
-# bootsman-operator with the chart's ServiceAccount tokens, enrols 8 byoh-agent processes as
-# simulated hosts (3 control-plane, 5 workers; each with --root in its own folder, a one-time
-# token from `bootsmanctl hosts token`, and a stand-in kubeadm that records its arguments), then
-# applies config/samples/bootsmancluster.yaml and shows the progress.
+# As root on Linux it runs on lab hosts (bootsman-lab demo; crates/lab): Linux namespaces on a
+# lab network, each running containerd, a kubelet and kubeadm, with byoh-agent installed from
+# the project's .deb; images come from a registry on the lab network. It applies
+# config/samples/bootsmancluster.yaml (with the lab's changes, printed) and ends with six Ready
+# Nodes of a real child cluster. It installs what it needs first: the Debian packages
+# (hack/lab-packages), the lab's programs and images built from Go modules (hack/labbin,
+# cached), the workspace's binaries and the agent's .deb (hack/package).
+#
+# With --simulated (and when not root) it runs the earlier demo: the real control plane of the
+# test environment (etcd, kube-apiserver, kube-controller-manager and the Cluster API core,
+# kubeadm bootstrap and kubeadm control-plane managers) on loopback, charts/bootsman installed
+# with Helm, bootsman-provider and bootsman-operator with the chart's ServiceAccount tokens, 8
+# byoh-agent processes as simulated hosts (3 control-plane, 5 workers; each with --root in its
+# own folder, a one-time token from `bootsmanctl hosts token`, and a stand-in kubeadm that records
+# its arguments), then the sample BootsmanCluster and its progress.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
 
-keep=0 wait_secs=240
+keep=0 wait_secs=240 simulated=0 lab_timeout=1200
 for a in "$@"; do
   case "$a" in
     --keep) keep=1 ;;
-    --short) wait_secs=120 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --short) wait_secs=120; lab_timeout=900 ;;
+    --simulated) simulated=1 ;;
+    -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "unknown argument $a (see --help)" >&2; exit 2 ;;
   esac
 done
+
+if ((!simulated)) && [[ $(id -u) -ne 0 || $(uname -s) != Linux ]]; then
+  echo "lab hosts need root on Linux; running the demo with simulated hosts (--simulated)" >&2
+  simulated=1
+fi
+
+if ((!simulated)); then
+  printf '\n\033[1m==> %s\033[0m\n' "what the lab needs: Debian packages, the lab's programs and images (cached), Bootsman binaries"
+  hack/lab-packages
+  hack/labbin >/dev/null
+  cargo build --quiet --locked --bins
+  hack/package >/dev/null
+  args=(demo --timeout "$lab_timeout")
+  ((keep)) && args+=(--keep)
+  exec target/debug/bootsman-lab "${args[@]}"
+fi
 
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 DEMO="${BOOTSMAN_DEMO_DIR:-$(mktemp -d /tmp/bootsman-demo.XXXXXX)}"

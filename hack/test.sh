@@ -38,6 +38,17 @@ export BOOTSMAN_TESTBIN
 echo "    using $BOOTSMAN_TESTBIN"
 done_step
 
+step "lab hosts: Debian packages (hack/lab-packages), programs and images from Go modules (hack/labbin; cached)"
+if [[ $(id -u) -eq 0 ]]; then
+  hack/lab-packages
+  hack/labbin
+  echo "    using $(hack/labbin --print-dir)"
+else
+  echo "lab hosts need root: run hack/test.sh as root (CI does)" >&2
+  exit 1
+fi
+done_step
+
 step "packaging tools (hack/tools: cargo-deb, cargo-generate-rpm, rpm; cached afterwards)"
 hack/tools >/dev/null
 done_step
@@ -58,7 +69,11 @@ step "cargo test (unit and integration tests)"
 cargo test --workspace --all-targets --locked --no-fail-fast
 done_step
 
-step "the demo, short mode (hack/demo.sh --short: 8 simulated hosts, the sample BootsmanCluster)"
+step "end-to-end test on real nodes (hack/e2e.sh: 10 lab hosts; writes target/e2e/summary.json)"
+hack/e2e.sh
+done_step
+
+step "the demo, short mode (hack/demo.sh --short: 6 lab hosts, the sample BootsmanCluster, 6 Ready Nodes)"
 hack/demo.sh --short
 done_step
 

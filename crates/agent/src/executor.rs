@@ -44,6 +44,12 @@ pub enum ExecError {
     State(#[from] StateError),
 }
 
+/// How a released host is reset. The `remove-etcd-member` phase is skipped: Cluster API's
+/// kubeadm control plane removes a machine's etcd member itself before it deletes the machine,
+/// and when a whole cluster is deleted the last member has no quorum left to leave, so kubeadm
+/// would retry for many minutes and the host would be quarantined instead of returning clean.
+pub const KUBEADM_RESET: [&str; 4] = ["kubeadm", "reset", "-f", "--skip-phases=remove-etcd-member"];
+
 /// Outcome of one command.
 struct Ran {
     ok: bool,
@@ -251,14 +257,14 @@ impl Executor {
         })
     }
 
-    /// Undoes every bootstrap in the journals: `kubeadm reset -f` when kubeadm exists, then every
+    /// Undoes every bootstrap in the journals: [`KUBEADM_RESET`] when kubeadm exists, then every
     /// file and created directory removed, then the journals cleared. `Err` carries the message
     /// for `CleanupSucceeded=False`; nothing is forgotten before the reset succeeded.
     pub async fn reset(&self, stop: &watch::Receiver<bool>) -> Result<String, Result<String, ExecError>> {
         let mut notes = Vec::new();
         if let Some(kubeadm) = self.kubeadm() {
             let mut cmd = tokio::process::Command::new(&kubeadm);
-            cmd.args(["reset", "-f"]);
+            cmd.args(&KUBEADM_RESET[1..]);
             self.prepare(&mut cmd);
             let ran = run_logged(
                 cmd,
@@ -270,11 +276,13 @@ impl Executor {
             .map_err(Err)?;
             if !ran.ok {
                 return Err(Ok(format!(
-                    "kubeadm reset -f: {}; output:\n{}",
-                    ran.summary, ran.tail
+                    "{}: {}; output:\n{}",
+                    KUBEADM_RESET.join(" "),
+                    ran.summary,
+                    ran.tail
                 )));
             }
-            notes.push("kubeadm reset -f".to_string());
+            notes.push(KUBEADM_RESET.join(" "));
         }
         let journals = self.state.journals().map_err(|e| Err(e.into()))?;
         let mut removed = 0;

@@ -236,7 +236,8 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(read(&host.path("run/count.txt")), "started\n");
 
-    // Release: kubeadm reset -f, every written file removed, CleanupSucceeded=True.
+    // Release: kubeadm reset (without the etcd member removal Cluster API does itself), every
+    // written file removed, CleanupSucceeded=True.
     pool.hosts()
         .patch(
             "node-b",
@@ -249,7 +250,7 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
         .await
         .unwrap();
     wait_condition(&pool.hosts(), &host, types::CLEANUP_SUCCEEDED, "True").await;
-    assert!(read(&host.path("run/kubeadm.log")).ends_with("reset -f\n"));
+    assert!(read(&host.path("run/kubeadm.log")).ends_with("reset -f --skip-phases=remove-etcd-member\n"));
     for f in [
         "/etc/kubeadm/deep/nested/plain.conf",
         "/etc/b64.txt",

@@ -106,12 +106,26 @@ pub fn remove_empty_cgroup_root() {
     }
 }
 
-/// A run is named `<pid>-<suffix>`; it is alive while that process runs the lab.
+/// A run is named `<pid>-<suffix>`; it is alive while that process runs, identified by its start
+/// time (kept in the run folder's `owner` file), so a reused PID does not count.
 pub fn run_alive(run: &str) -> bool {
     let Some(pid) = run.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
         return false;
     };
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|c| String::from_utf8_lossy(&c).contains("bootsman-lab"))
-        .unwrap_or(false)
+    let owner = std::fs::read_to_string(crate::runs_root().join(run).join(OWNER)).unwrap_or_default();
+    match start_time(pid) {
+        Some(t) => owner.trim().is_empty() || owner.trim() == t,
+        None => false,
+    }
+}
+
+/// File in a run folder holding the start time of the run's process.
+pub const OWNER: &str = "owner";
+
+/// The start time of a process (field 22 of `/proc/<pid>/stat`, in clock ticks since boot).
+pub fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; fields after the last ')' are plain.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19).map(String::from)
 }

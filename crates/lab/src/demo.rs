@@ -1,6 +1,7 @@
 //! The demo on lab hosts (`hack/demo.sh`, `bootsman-lab demo`): a site of six hosts (three
-//! labelled `role=control-plane`, three `role=worker`), the sample BootsmanCluster with the lab's
-//! changes (printed), and the progress until the child cluster has six Ready Nodes; then its
+//! labelled `role=control-plane`, three `role=worker`) whose provider and operator run as Pods of
+//! the chart on an infrastructure node, the sample BootsmanCluster with the lab's changes
+//! (printed), and the progress until the child cluster has six Ready Nodes; then its
 //! `kubectl get nodes -o wide` and how to look around.
 
 use std::path::Path;
@@ -12,7 +13,7 @@ use kube::api::{DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::error::{Error, Result, io};
-use crate::site::{Progress, Site, SitePlan, lab_cluster};
+use crate::site::{Controllers, Progress, Site, SitePlan, lab_cluster};
 
 /// How the demo runs.
 #[derive(Debug, Clone, Copy)]
@@ -26,8 +27,8 @@ pub struct DemoOptions {
 /// Runs the demo; `Ok` once the child cluster had 3 + 3 Ready Nodes.
 pub async fn run(opts: DemoOptions) -> Result<()> {
     let p = Progress::new();
-    say("a site on lab hosts: network, registry, infrastructure control plane, chart, controllers, 6 hosts");
-    let site = Site::up(SitePlan::new(3, 3), &p).await?;
+    say("a site on lab hosts: network, registry, infrastructure control plane and node, chart, 6 hosts");
+    let site = Site::up(SitePlan::new(3, 3).with_controllers(Controllers::Pods), &p).await?;
 
     let (bc, changes) = lab_cluster(&site.lab.labbin().kubernetes_version)?;
     say("kubectl apply -f config/samples/bootsmancluster.yaml, with the lab's changes:");
@@ -45,6 +46,23 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
 
     say(&format!("progress (up to {}s)", opts.timeout.as_secs()));
     let reached = watch(&site, &ns, &name, &p, opts.timeout).await;
+    if reached.is_ok() {
+        // The Nodes are there; Cluster API marks the last machine ready a little later.
+        let bmcs: Api<DynamicObject> =
+            Api::namespaced_with(site.client().await, &ns, &bootsman_cluster_resource());
+        let ready = crate::site::until("the BootsmanCluster Ready", Duration::from_secs(120), || async {
+            Ok(match bmcs.get(&name).await {
+                Ok(b) if condition_true(&b.data, "Ready") => Ok(()),
+                Ok(b) => Err(b.data["status"]["phase"].to_string()),
+                Err(e) => Err(e.to_string()),
+            })
+        })
+        .await;
+        match ready {
+            Ok(()) => p.say("BootsmanCluster demo Ready"),
+            Err(e) => p.say(&format!("{e}")),
+        }
+    }
 
     say("where it got");
     for args in [
@@ -154,6 +172,15 @@ async fn watch(site: &Site, ns: &str, name: &str, p: &Progress, timeout: Duratio
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
+}
+
+/// The BootsmanCluster resource.
+pub fn bootsman_cluster_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+        "bootsman.io",
+        "v1alpha1",
+        "BootsmanCluster",
+    ))
 }
 
 /// The Cluster API Machine resource.

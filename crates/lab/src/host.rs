@@ -61,6 +61,8 @@ pub struct LabHost {
     init_pid: u32,
     /// Lab-side end of the host's veth pair.
     veth: String,
+    /// Its processes and cgroups are gone (see [`LabHost::power_off`]).
+    off: bool,
 }
 
 impl LabHost {
@@ -129,6 +131,7 @@ impl LabHost {
             process,
             init_pid,
             veth,
+            off: false,
         };
         host.wait_ready(Duration::from_secs(60))?;
         Ok(host)
@@ -277,12 +280,24 @@ systemctl enable --now byoh-agent",
     }
 }
 
-impl Drop for LabHost {
-    fn drop(&mut self) {
+impl LabHost {
+    /// Shuts the host down (gracefully when it still runs) and removes its cgroups, so it can be
+    /// booted again from its folder ([`LabHost::boot`] with the same name).
+    pub fn power_off(&mut self) {
+        if self.off {
+            return;
+        }
         if self.is_running() {
             self.stop();
         }
         crate::cleanup::remove_cgroup_tree(&self.spec.cgroup_root);
+        self.off = true;
+    }
+}
+
+impl Drop for LabHost {
+    fn drop(&mut self) {
+        self.power_off();
     }
 }
 

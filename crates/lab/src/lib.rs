@@ -14,6 +14,7 @@
 //! - [`init`]: a host's first process (mounts, network, a small service manager);
 //! - [`unit`], [`systemctl`]: unit files as systemd reads them, and the host's `systemctl`;
 //! - [`registry`], [`lb`]: the lab registry and the load balancer at an endpoint;
+//! - [`infra`]: a node of the infrastructure cluster itself, for the controllers' Pods;
 //! - [`site`]: a whole Bootsman site on lab hosts (the demo's and the end-to-end test's);
 //! - [`demo`]: the demo (`hack/demo.sh`): the sample BootsmanCluster on six lab hosts;
 //! - [`cleanup`]: cgroups and folders of runs that are gone (`bootsman-lab down`).
@@ -28,6 +29,7 @@ pub mod cleanup;
 pub mod demo;
 pub mod error;
 pub mod host;
+pub mod infra;
 pub mod init;
 pub mod lb;
 pub mod net;
@@ -107,7 +109,7 @@ impl Labbin {
     }
 }
 
-/// One lab run: its folder, the lab's programs, and this program (which hosts run as their
+/// One lab run: its folder, the lab's programs, and `bootsman-lab` (which hosts run as their
 /// init and `systemctl`).
 #[derive(Debug)]
 pub struct Lab {
@@ -150,7 +152,19 @@ impl Lab {
         let run_id = format!("{}-{}", std::process::id(), short_suffix());
         let dir = root.join(&run_id);
         std::fs::create_dir_all(&dir).map_err(error::io("create", &dir))?;
-        let exe = std::env::current_exe().map_err(error::io("find", "this program"))?;
+        let owner = dir.join(cleanup::OWNER);
+        let started = cleanup::start_time(std::process::id()).unwrap_or_default();
+        std::fs::write(&owner, started).map_err(error::io("write", &owner))?;
+        // Hosts run `bootsman-lab host-init` and `bootsman-lab systemctl`: the program beside
+        // this one (a lab command is either bootsman-lab itself or built into the same folder).
+        let me = std::env::current_exe().map_err(error::io("find", "this program"))?;
+        let exe = me.with_file_name("bootsman-lab");
+        if !exe.exists() {
+            return Err(Error::Unsupported(format!(
+                "{} is not built: cargo build -p bootsman-lab",
+                exe.display()
+            )));
+        }
         net::up()?;
         Ok(Lab {
             run_id,
@@ -175,17 +189,17 @@ impl Lab {
         &self.labbin
     }
 
-    /// This program.
+    /// `bootsman-lab`.
     pub fn exe(&self) -> &Path {
         &self.exe
     }
 
-    /// The folder of this program.
+    /// The folder of `bootsman-lab` (and of the other programs of the workspace).
     pub fn exe_dir(&self) -> PathBuf {
         self.exe.parent().map(Path::to_path_buf).unwrap_or_default()
     }
 
-    /// This program's file name.
+    /// `bootsman-lab`'s file name.
     pub fn exe_name(&self) -> String {
         self.exe
             .file_name()

@@ -4,9 +4,10 @@
 //! 2. the infrastructure cluster's control plane from `bootsman-testenv` (etcd, kube-apiserver,
 //!    kube-controller-manager, the Cluster API core, kubeadm bootstrap and kubeadm
 //!    control-plane managers), serving on the lab gateway as well so hosts reach it;
-//! 3. `charts/bootsman` installed with Helm, and `bootsman-provider` and `bootsman-operator` run
-//!    with the chart's ServiceAccount tokens (as processes in the lab namespace: the
-//!    infrastructure control plane has no nodes to run Pods on);
+//! 3. `charts/bootsman` installed with Helm; `bootsman-provider` and `bootsman-operator` either
+//!    run **as Pods** from their images in the lab registry, on an infrastructure node
+//!    ([`crate::infra`]), or as processes with the chart's ServiceAccount tokens
+//!    ([`Controllers`]);
 //! 4. lab hosts, each enrolled as the README says (a one-time token from `bootsmanctl hosts
 //!    token`, `dpkg -i` of the agent's `.deb`, its flags file, `systemctl enable --now
 //!    byoh-agent`);
@@ -28,6 +29,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result, io};
+use crate::infra::InfraNode;
 use crate::lb::LoadBalancer;
 use crate::registry::Registry;
 use crate::{Lab, LabHost, net, run};
@@ -37,11 +39,24 @@ pub const ROLE_LABEL: &str = "role";
 /// The pool namespace the lab's hosts enrol into.
 pub const POOL: &str = "default";
 
+/// How the site runs Bootsman's controllers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Controllers {
+    /// As Pods of the chart's Deployments, from images built from the workspace and pushed to
+    /// the lab registry, on an infrastructure node.
+    Pods,
+    /// As processes in the lab namespace with tokens of the chart's ServiceAccounts (the same
+    /// rights; no node needed).
+    Processes,
+}
+
 /// The hosts of a site: name and role (`control-plane` or `worker`).
 #[derive(Clone, Debug)]
 pub struct SitePlan {
     /// `(name, role)` of each host, in boot order.
     pub hosts: Vec<(String, String)>,
+    /// How the controllers run.
+    pub controllers: Controllers,
 }
 
 impl SitePlan {
@@ -57,7 +72,16 @@ impl SitePlan {
                 (format!("host-{i}"), role.to_string())
             })
             .collect();
-        Self { hosts }
+        Self {
+            hosts,
+            controllers: Controllers::Processes,
+        }
+    }
+
+    /// The same plan with the controllers run as `c`.
+    pub fn with_controllers(mut self, c: Controllers) -> Self {
+        self.controllers = c;
+        self
     }
 }
 
@@ -98,6 +122,8 @@ pub struct Site {
     pub hosts: Vec<LabHost>,
     /// HAProxy at the child cluster endpoint (once the hosts are known).
     pub lb: Option<LoadBalancer>,
+    /// The infrastructure node running the controllers' Pods ([`Controllers::Pods`]).
+    pub infra: Option<InfraNode>,
     controllers: Vec<Component>,
     /// The infrastructure cluster's control plane.
     pub env: TestEnv,
@@ -134,6 +160,38 @@ impl Site {
             env.advertised_url()
         ));
 
+        let mut helm_args: Vec<String> = Vec::new();
+        let mut infra = None;
+        if plan.controllers == Controllers::Pods {
+            let n = u8::try_from(plan.hosts.len() + 1)
+                .map_err(|_| Error::Unsupported("at most 98 lab hosts".into()))?;
+            infra = Some(InfraNode::join(&lab, &env, n, "infra-1").await?);
+            p.say("infrastructure node infra-1 Ready (kubelet, kube-proxy; kube-scheduler)");
+            let tag = image_tag(
+                &lab.exe_dir().join("bootsman-provider"),
+                &lab.exe_dir().join("bootsman-operator"),
+            )?;
+            for bin in ["bootsman-provider", "bootsman-operator"] {
+                let r = registry.push_program(
+                    &lab,
+                    &format!("bootsman-io/{bin}:{tag}"),
+                    &lab.exe_dir().join(bin),
+                    Some(65532),
+                )?;
+                p.say(&format!("image {r}"));
+            }
+            helm_args.extend(
+                [
+                    format!("image.registry={}/bootsman-io", net::registry()),
+                    format!("image.tag={tag}"),
+                    "provider.replicas=1".into(),
+                    "operator.replicas=1".into(),
+                    "provider.releaseTimeout=3m".into(),
+                ]
+                .into_iter()
+                .flat_map(|v| ["--set".to_string(), v]),
+            );
+        }
         let helm = env.testbin().bin("helm");
         run(
             Command::new(&helm)
@@ -145,6 +203,7 @@ impl Site {
                     "--create-namespace",
                     "--skip-crds",
                 ])
+                .args(&helm_args)
                 .env("KUBECONFIG", env.kubeconfig())
                 .env("HELM_CACHE_HOME", lab.dir().join("helm"))
                 .env("HELM_CONFIG_HOME", lab.dir().join("helm"))
@@ -154,37 +213,55 @@ impl Site {
         p.say("helm install bootsman charts/bootsman");
 
         let mut controllers = Vec::new();
-        for (bin, port, extra) in [
-            ("bootsman-provider", 18080, vec!["--release-timeout", "3m"]),
-            ("bootsman-operator", 18081, vec![]),
-        ] {
-            let program = lab.exe_dir().join(bin);
-            if !program.exists() {
-                return Err(Error::Unsupported(format!(
-                    "{} is not built: cargo build --bins",
-                    program.display()
-                )));
+        if plan.controllers == Controllers::Pods {
+            for d in ["bootsman-provider", "bootsman-operator"] {
+                run(
+                    env.kubectl().args([
+                        "-n",
+                        "bootsman-system",
+                        "rollout",
+                        "status",
+                        &format!("deployment/{d}"),
+                        "--timeout=180s",
+                    ]),
+                    &format!("kubectl rollout status deployment/{d}"),
+                )?;
             }
-            let kubeconfig = service_account_kubeconfig(&env, &lab, bin)?;
-            let mut args = vec!["--metrics-bind-address".to_string(), format!("127.0.0.1:{port}")];
-            args.extend(extra.iter().map(|s| (*s).to_string()));
-            controllers.push(Component::spawn(
-                bin,
-                &program,
-                &args,
-                &[
-                    ("KUBECONFIG", &kubeconfig.display().to_string()),
-                    ("POD_NAMESPACE", "bootsman-system"),
-                    ("RUST_LOG", "info,kube=warn"),
-                ],
-                lab.dir().join(format!("{bin}.log")),
-            )?);
+            p.say("bootsman-provider and bootsman-operator running as Pods of the chart on infra-1");
+        } else {
+            for (bin, port, extra) in [
+                ("bootsman-provider", 18080, vec!["--release-timeout", "3m"]),
+                ("bootsman-operator", 18081, vec![]),
+            ] {
+                let program = lab.exe_dir().join(bin);
+                if !program.exists() {
+                    return Err(Error::Unsupported(format!(
+                        "{} is not built: cargo build --bins",
+                        program.display()
+                    )));
+                }
+                let kubeconfig = service_account_kubeconfig(&env, &lab, bin)?;
+                let mut args = vec!["--metrics-bind-address".to_string(), format!("127.0.0.1:{port}")];
+                args.extend(extra.iter().map(|s| (*s).to_string()));
+                controllers.push(Component::spawn(
+                    bin,
+                    &program,
+                    &args,
+                    &[
+                        ("KUBECONFIG", &kubeconfig.display().to_string()),
+                        ("POD_NAMESPACE", "bootsman-system"),
+                        ("RUST_LOG", "info,kube=warn"),
+                    ],
+                    lab.dir().join(format!("{bin}.log")),
+                )?);
+            }
+            p.say("bootsman-provider and bootsman-operator running as processes with the chart's ServiceAccount tokens");
         }
-        p.say("bootsman-provider and bootsman-operator running with the chart's ServiceAccounts (processes)");
 
         let mut site = Site {
             hosts: Vec::new(),
             lb: None,
+            infra,
             controllers,
             env,
             registry,
@@ -224,6 +301,9 @@ impl Site {
     pub async fn boot_host(&mut self, i: usize) -> Result<()> {
         let (name, role) = self.plan.hosts[i].clone();
         let n = u8::try_from(i + 1).map_err(|_| Error::Unsupported("at most 99 lab hosts".into()))?;
+        if let Some(old) = self.hosts.get_mut(i) {
+            old.power_off();
+        }
         let host = LabHost::boot(&self.lab, n, &name)?;
         if host
             .sh("test -f /var/lib/byoh-agent/kubeconfig && echo yes || echo no")?
@@ -283,6 +363,9 @@ impl Site {
     pub fn check_controllers(&self) -> Result<()> {
         for c in &self.controllers {
             c.check_running()?;
+        }
+        if let Some(i) = &self.infra {
+            i.check_running()?;
         }
         self.lb.as_ref().map_or(Ok(()), LoadBalancer::check_running)
     }
@@ -353,6 +436,22 @@ impl Site {
             &format!("kubectl {}", args.join(" ")),
         )
     }
+}
+
+/// A tag naming the controllers' build: the first 12 hex digits of the SHA-256 of both binaries.
+fn image_tag(provider: &Path, operator: &Path) -> Result<String> {
+    let out = run(
+        Command::new("sha256sum").arg(provider).arg(operator),
+        "sha256sum of the controllers",
+    )?;
+    let sums: String = out.split_whitespace().step_by(2).collect();
+    let joined = run(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf %s {sums} | sha256sum")),
+        "sha256sum",
+    )?;
+    Ok(format!("lab-{}", &joined[..12.min(joined.len())]))
 }
 
 /// The ByoHost resource for dynamic access.
