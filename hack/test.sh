@@ -69,7 +69,7 @@ step "cargo test (unit and integration tests)"
 cargo test --workspace --all-targets --locked --no-fail-fast
 done_step
 
-step "end-to-end test on real nodes (hack/e2e.sh: 10 lab hosts; writes target/e2e/summary.json)"
+step "end-to-end test on real nodes (hack/e2e.sh: 9 lab hosts; writes target/e2e/summary.json)"
 hack/e2e.sh
 done_step
 

@@ -657,14 +657,20 @@ impl E2e {
 
     async fn kill_worker(&mut self) -> Result<String> {
         let admin = self.site.client().await;
-        let hosts: Api<DynamicObject> = Api::namespaced_with(admin.clone(), POOL, &byohost_resource());
-        let victim = hosts
-            .list(&ListParams::default().labels("role=worker"))
-            .await
-            .map_err(bootsman_lab::error::kube("list worker ByoHosts"))?
-            .items
+        let victim = self
+            .site
+            .byohosts()
+            .await?
             .into_iter()
-            .find(|h| !h.data["spec"]["machineRef"].is_null())
+            .find(|h| {
+                h.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("role"))
+                    .map(String::as_str)
+                    == Some("worker")
+                    && !h.data["spec"]["machineRef"].is_null()
+            })
             .ok_or_else(|| fail("no claimed worker host".into()))?;
         let name = victim.metadata.name.clone().unwrap_or_default();
         let claim = victim.data["spec"]["machineRef"].clone();
@@ -679,15 +685,16 @@ impl E2e {
         self.site.hosts[i].kill();
 
         let nodes: Api<Node> = Api::all(self.child().await?);
+        // Its own clients: the host is booted again (a mutable use of the site) in between.
+        let hosts: Api<DynamicObject> = Api::namespaced_with(admin.clone(), POOL, &byohost_resource());
+        let byo: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &self.ns, &byomachine_resource());
         let check_claim = || async {
             let all = hosts
                 .list(&ListParams::default())
                 .await
-                .map_err(bootsman_lab::error::kube("list ByoHosts"))?;
-            let me = all
-                .items
-                .iter()
-                .find(|h| h.metadata.name.as_deref() == Some(&name));
+                .map_err(bootsman_lab::error::kube("list ByoHosts"))?
+                .items;
+            let me = all.iter().find(|h| h.metadata.name.as_deref() == Some(&name));
             let now = me
                 .map(|h| h.data["spec"]["machineRef"].clone())
                 .unwrap_or(Value::Null);
@@ -696,8 +703,6 @@ impl E2e {
                     "{name}'s claim changed while offline: {claim} -> {now}"
                 )));
             }
-            let byo: Api<DynamicObject> =
-                Api::namespaced_with(admin.clone(), &self.ns, &byomachine_resource());
             for m in byo
                 .list(&ListParams::default())
                 .await
@@ -794,18 +799,13 @@ impl E2e {
             },
         )
         .await?;
-        let hosts: Api<DynamicObject> = Api::namespaced_with(admin, POOL, &byohost_resource());
         let n = self.site.hosts.len();
         let all = until(
             &format!("{n} ByoHosts Available, unclaimed and clean"),
             Duration::from_secs(600),
             || async {
-                let list = hosts
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(bootsman_lab::error::kube("list ByoHosts"))?;
+                let list = self.site.byohosts().await?;
                 let waiting: Vec<String> = list
-                    .items
                     .iter()
                     .filter(|h| {
                         h.data["status"]["phase"] != "Available"
@@ -823,8 +823,8 @@ impl E2e {
                         )
                     })
                     .collect();
-                Ok(if waiting.is_empty() && list.items.len() == n {
-                    Ok(list.items)
+                Ok(if waiting.is_empty() && list.len() == n {
+                    Ok(list)
                 } else {
                     Err(waiting.join(" "))
                 })

@@ -52,6 +52,20 @@ fn remove_cgroup(dir: &Path) {
     }
 }
 
+/// Removes the disks of the hosts under `hosts` (one folder each): their overlay layers and data
+/// folders, keeping their logs.
+pub fn remove_host_disks(hosts: &Path) {
+    let Ok(entries) = std::fs::read_dir(hosts) else {
+        return;
+    };
+    for h in entries.flatten() {
+        for d in ["upper", "work", "data"] {
+            let _ = std::fs::remove_dir_all(h.path().join(d));
+        }
+        let _ = std::fs::remove_file(h.path().join("byoh-agent.deb"));
+    }
+}
+
 /// What [`down`] found and removed.
 #[derive(Debug, Default)]
 pub struct Report {

@@ -117,9 +117,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
 
 /// Prints the progress until the cluster has 3 control-plane and 3 worker Nodes Ready.
 async fn watch(site: &Site, ns: &str, name: &str, p: &Progress, timeout: Duration) -> Result<()> {
-    let admin = site.client().await;
-    let machines: Api<DynamicObject> = Api::namespaced_with(admin.clone(), ns, &machine_resource());
-    let hosts: Api<DynamicObject> = Api::namespaced_with(admin, ns, &crate::site::byohost_resource());
+    let machines: Api<DynamicObject> = Api::namespaced_with(site.client().await, ns, &machine_resource());
     let mut last = String::new();
     let deadline = std::time::Instant::now() + timeout;
     loop {
@@ -133,17 +131,12 @@ async fn watch(site: &Site, ns: &str, name: &str, p: &Progress, timeout: Duratio
             .iter()
             .filter(|m| m.data["status"]["phase"] == "Running")
             .count();
-        let hs = hosts
-            .list(&ListParams::default())
-            .await
-            .map_err(crate::error::kube("list ByoHosts"))?;
+        let hs = site.byohosts().await?;
         let claimed = hs
-            .items
             .iter()
             .filter(|h| !h.data["spec"]["machineRef"].is_null())
             .count();
         let bootstrapped = hs
-            .items
             .iter()
             .filter(|h| condition_true(&h.data, "BootstrapSucceeded"))
             .count();
@@ -155,7 +148,7 @@ async fn watch(site: &Site, ns: &str, name: &str, p: &Progress, timeout: Duratio
             "Machines {} (Running {running}), hosts claimed {claimed}/{}, bootstrapped {bootstrapped}, \
              Nodes Ready: {cp} control-plane + {workers} workers",
             ms.items.len(),
-            hs.items.len()
+            hs.len()
         );
         if line != last {
             p.say(&line);

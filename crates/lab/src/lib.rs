@@ -209,9 +209,15 @@ impl Lab {
 }
 
 impl Drop for Lab {
+    /// The hosts are stopped by now: their cgroups go, and so do their disks (overlay layers,
+    /// containerd's images and snapshots, about 300 MB a host); their logs stay in the run's
+    /// folder until the next run or `bootsman-lab down` (`BOOTSMAN_LAB_KEEP=1` keeps the disks).
     fn drop(&mut self) {
         cleanup::remove_cgroup_tree(&format!("/bootsman-lab/{}", self.run_id));
         cleanup::remove_empty_cgroup_root();
+        if std::env::var_os("BOOTSMAN_LAB_KEEP").is_none() {
+            cleanup::remove_host_disks(&self.dir.join("hosts"));
+        }
     }
 }
 

@@ -375,17 +375,23 @@ impl Site {
         self.lab.dir()
     }
 
-    /// Waits until `n` ByoHosts of the pool are `Available`.
-    pub async fn wait_hosts_available(&self, n: usize, timeout: Duration) -> Result<()> {
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client().await, POOL, &byohost_resource());
-        until(&format!("{n} ByoHosts Available"), timeout, || async {
-            self.check_controllers()?;
-            let hosts = api
+    /// The ByoHosts of the lab's pool.
+    pub async fn byohosts(&self) -> Result<Vec<DynamicObject>> {
+        Ok(
+            Api::<DynamicObject>::namespaced_with(self.client().await, POOL, &byohost_resource())
                 .list(&ListParams::default())
                 .await
-                .map_err(crate::error::kube("list ByoHosts"))?;
+                .map_err(crate::error::kube("list ByoHosts"))?
+                .items,
+        )
+    }
+
+    /// Waits until `n` ByoHosts of the pool are `Available`.
+    pub async fn wait_hosts_available(&self, n: usize, timeout: Duration) -> Result<()> {
+        until(&format!("{n} ByoHosts Available"), timeout, || async {
+            self.check_controllers()?;
+            let hosts = self.byohosts().await?;
             let phases: Vec<String> = hosts
-                .items
                 .iter()
                 .map(|h| {
                     format!(
@@ -396,7 +402,6 @@ impl Site {
                 })
                 .collect();
             let available = hosts
-                .items
                 .iter()
                 .filter(|h| h.data["status"]["phase"] == "Available")
                 .count();
