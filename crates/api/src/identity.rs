@@ -25,6 +25,9 @@ pub const TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
 pub const TOKEN_POOL: &str = "bootsman.io/pool";
 /// Annotation on a token Secret (a host name may exceed a label value's 63 characters): the only host name the token may enrol (absent: any name).
 pub const TOKEN_HOST: &str = "bootsman.io/host";
+/// Annotation on a token Secret issued by `bootsmanctl hosts replace`: the host name (equal to
+/// [`TOKEN_HOST`]) the token may take over although it is held already.
+pub const TOKEN_REPLACES: &str = "bootsman.io/replaces";
 /// Label on a token Secret issued by `bootsmanctl hosts token` (value `byoh-host`).
 pub const TOKEN_PURPOSE: &str = "bootsman.io/token-purpose";
 /// Value of [`TOKEN_PURPOSE`].

@@ -47,6 +47,22 @@ pub enum HostsCommand {
         #[arg(long)]
         server: Option<String>,
     },
+    /// Issue a one-time token that lets a new server take over host NAME, whose name is held
+    /// already (a reinstalled server, or one whose identity was lost): the only way to enrol a
+    /// name that a ByoHost, a pool binding or a certificate holds. Prints its bootstrap kubeconfig.
+    Replace {
+        /// The host name to take over.
+        name: String,
+        /// The pool the host lives in.
+        #[arg(long, short = 'n')]
+        namespace: String,
+        /// How long the token stays valid if unused (e.g. 30m, 1h, 2d; at most 7d).
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// API server URL written into the printed kubeconfig, as the host reaches it.
+        #[arg(long)]
+        server: Option<String>,
+    },
     /// List the hosts of a pool (of every pool when --namespace is not set).
     List {
         /// The pool.
@@ -71,6 +87,53 @@ pub async fn load_config(path: Option<&PathBuf>) -> anyhow::Result<kube::Config>
     }
 }
 
+/// Issues the token `req` asks for and writes its bootstrap kubeconfig to `out`.
+async fn issue(
+    kubeconfig: Option<&PathBuf>,
+    req: &token::Request,
+    server: Option<String>,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    // Bad flags fail before any connection is made.
+    token::validate(req)?;
+    if let Some(s) = &server
+        && !s.starts_with("https://")
+    {
+        anyhow::bail!("--server: {s:?} must be an https:// URL");
+    }
+    let config = load_config(kubeconfig).await?;
+    let server = server.unwrap_or_else(|| config.cluster_url.to_string().trim_end_matches('/').to_string());
+    let ca = token::ca_pem(&config);
+    let client = kube::Client::try_from(config)?;
+    // The approver denies a token for a pool that does not exist; say so now.
+    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    if namespaces
+        .get_opt(&req.pool)
+        .await
+        .with_context(|| format!("--namespace: look up namespace {}", req.pool))?
+        .is_none()
+    {
+        anyhow::bail!(
+            "--namespace: namespace {:?} does not exist; create the pool namespace first",
+            req.pool
+        );
+    }
+    let t = token::create(&client, req).await?;
+    out.write_all(token::bootstrap_kubeconfig(&server, &ca, &t).as_bytes())?;
+    eprintln!(
+        "issued token {} for pool {}{}, valid until {} and spent on first use",
+        t.id,
+        t.pool,
+        match (&t.host, t.replace) {
+            (Some(h), true) => format!(" (replaces host {h})"),
+            (Some(h), false) => format!(" (host {h} only)"),
+            _ => String::new(),
+        },
+        t.expiration
+    );
+    Ok(())
+}
+
 /// Runs a parsed command line, writing its output to `out`.
 pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
     match cli.command {
@@ -84,44 +147,23 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                 pool: namespace,
                 host: name,
                 ttl: token::parse_duration("--ttl", &ttl)?,
+                replace: false,
             };
-            // Bad flags fail before any connection is made.
-            token::validate(&req)?;
-            if let Some(s) = &server
-                && !s.starts_with("https://")
-            {
-                anyhow::bail!("--server: {s:?} must be an https:// URL");
-            }
-            let config = load_config(cli.kubeconfig.as_ref()).await?;
-            let server =
-                server.unwrap_or_else(|| config.cluster_url.to_string().trim_end_matches('/').to_string());
-            let ca = token::ca_pem(&config);
-            let client = kube::Client::try_from(config)?;
-            // The approver denies a token for a pool that does not exist; say so now.
-            let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
-            if namespaces
-                .get_opt(&req.pool)
-                .await
-                .with_context(|| format!("--namespace: look up namespace {}", req.pool))?
-                .is_none()
-            {
-                anyhow::bail!(
-                    "--namespace: namespace {:?} does not exist; create the pool namespace first",
-                    req.pool
-                );
-            }
-            let t = token::create(&client, &req).await?;
-            out.write_all(token::bootstrap_kubeconfig(&server, &ca, &t).as_bytes())?;
-            eprintln!(
-                "issued token {} for pool {}{}, valid until {} and spent on first use",
-                t.id,
-                t.pool,
-                t.host
-                    .as_deref()
-                    .map(|h| format!(" (host {h} only)"))
-                    .unwrap_or_default(),
-                t.expiration
-            );
+            issue(cli.kubeconfig.as_ref(), &req, server, out).await?;
+        }
+        Command::Hosts(HostsCommand::Replace {
+            name,
+            namespace,
+            ttl,
+            server,
+        }) => {
+            let req = token::Request {
+                pool: namespace,
+                host: Some(name),
+                ttl: token::parse_duration("--ttl", &ttl)?,
+                replace: true,
+            };
+            issue(cli.kubeconfig.as_ref(), &req, server, out).await?;
         }
         Command::Hosts(HostsCommand::List { namespace }) => {
             if let Some(ns) = &namespace {

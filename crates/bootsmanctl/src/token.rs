@@ -57,6 +57,9 @@ pub struct Request {
     pub host: Option<String>,
     /// How long the token is valid.
     pub ttl: Duration,
+    /// The token replaces host `host`, whose name is held already (its ByoHost, pool access or
+    /// certificate): the explicit admin action `bootsmanctl hosts replace`. Needs `host`.
+    pub replace: bool,
 }
 
 /// An issued token.
@@ -72,6 +75,8 @@ pub struct Token {
     pub pool: String,
     /// The host it is restricted to, if any.
     pub host: Option<String>,
+    /// Whether it replaces `host` (see [`Request::replace`]).
+    pub replace: bool,
 }
 
 impl Token {
@@ -131,6 +136,11 @@ pub fn validate(req: &Request) -> Result<(), Error> {
             flag: "--name",
             message,
         })?;
+    } else if req.replace {
+        return Err(Error::Invalid {
+            flag: "--name",
+            message: "a replacement token names the host it replaces".into(),
+        });
     }
     if req.ttl < MIN_TTL || req.ttl > MAX_TTL {
         return Err(Error::Invalid {
@@ -182,11 +192,14 @@ pub fn secret_for(token: &Token) -> Secret {
             name: Some(token.secret_name()),
             namespace: Some(identity::TOKEN_NAMESPACE.to_string()),
             labels: Some(labels),
-            // An annotation: a host name may be longer than a label value.
-            annotations: token
-                .host
-                .as_ref()
-                .map(|h| BTreeMap::from([(identity::TOKEN_HOST.to_string(), h.clone())])),
+            // Annotations: a host name may be longer than a label value.
+            annotations: token.host.as_ref().map(|h| {
+                let mut a = BTreeMap::from([(identity::TOKEN_HOST.to_string(), h.clone())]);
+                if token.replace {
+                    a.insert(identity::TOKEN_REPLACES.to_string(), h.clone());
+                }
+                a
+            }),
             ..ObjectMeta::default()
         },
         type_: Some(identity::TOKEN_SECRET_TYPE.to_string()),
@@ -223,6 +236,7 @@ pub async fn create(client: &kube::Client, req: &Request) -> Result<Token, Error
             expiration,
             pool: req.pool.clone(),
             host: req.host.clone(),
+            replace: req.replace,
         };
         match secrets.create(&PostParams::default(), &secret_for(&token)).await {
             Ok(_) => return Ok(token),
@@ -298,6 +312,7 @@ mod tests {
             pool: pool.into(),
             host: host.map(Into::into),
             ttl: Duration::from_secs(ttl),
+            replace: false,
         };
         assert!(validate(&req("pool-a", Some("web-1.rack2"), 3600)).is_ok());
         let flag = |r: Request| match validate(&r) {
@@ -309,6 +324,9 @@ mod tests {
         assert_eq!(flag(req("pool-a", Some("Web1"), 3600)), "--name");
         assert_eq!(flag(req("pool-a", None, 10)), "--ttl");
         assert_eq!(flag(req("pool-a", None, 8 * 86400)), "--ttl");
+        let mut r = req("pool-a", None, 3600);
+        r.replace = true;
+        assert_eq!(flag(r), "--name");
     }
 
     #[test]
@@ -319,6 +337,7 @@ mod tests {
             expiration: Timestamp::UNIX_EPOCH,
             pool: "p".into(),
             host: Some("h".into()),
+            replace: false,
         };
         let ok = |s: &str, n| s.len() == n && s.bytes().all(|b| ALPHABET.contains(&b));
         assert!(ok(&t.id, 6) && ok(&t.secret, 16), "{t:?}");

@@ -217,3 +217,87 @@ async fn a_token_for_a_missing_pool_is_denied() {
         other => panic!("enrolled into a pool that does not exist: {other:?}"),
     }
 }
+
+/// The attack of a pool token's holder: enrol under the name of a host that exists (in the same
+/// pool or another) to get its certificate, its bootstrap Secret and its ByoHost. Every way is
+/// denied with `NameInUse`; only `bootsmanctl hosts replace` for the host's own pool takes the
+/// name over.
+#[tokio::test]
+async fn a_pool_token_cannot_take_over_an_existing_host_name() {
+    let env = TestEnv::shared().await;
+    common::apply_host_rbac(env);
+    common::start_approver(env).await;
+    let pool_a = env.create_namespace("takeover-a").await;
+    let pool_b = env.create_namespace("takeover-b").await;
+    let victim = "victim-1";
+
+    // The victim enrols and registers in pool A.
+    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool_a, Some(victim)).await;
+    let config = enroll::ensure_identity(&options(env, victim, Some(bootstrap)))
+        .await
+        .expect("the victim enrols");
+    Api::<ByoHost>::namespaced(kube::Client::try_from(config).expect("client"), &pool_a)
+        .create(
+            &PostParams::default(),
+            &ByoHost::new(victim, ByoHostSpec::default()),
+        )
+        .await
+        .expect("the victim registers");
+
+    let attempt = |pool: String, replace: bool, pinned: bool| async move {
+        let (_, bootstrap) = if replace {
+            common::replacement_kubeconfig(env, &pool, victim).await
+        } else {
+            common::bootstrap_kubeconfig(env, &pool, pinned.then_some(victim)).await
+        };
+        enroll::ensure_identity(&options(env, victim, Some(bootstrap))).await
+    };
+    for (what, pool, replace, pinned, hint) in [
+        (
+            "another pool's token",
+            pool_b.clone(),
+            false,
+            false,
+            "unique across pools",
+        ),
+        (
+            "the victim's own pool's token",
+            pool_a.clone(),
+            false,
+            false,
+            "bootsmanctl hosts replace",
+        ),
+        (
+            "a token pinned to the name",
+            pool_a.clone(),
+            false,
+            true,
+            "bootsmanctl hosts replace",
+        ),
+        (
+            "a replacement token of another pool",
+            pool_b.clone(),
+            true,
+            true,
+            "unique across pools",
+        ),
+    ] {
+        match attempt(pool, replace, pinned).await {
+            Err(Error::Denied { reason, message, .. }) => {
+                assert_eq!(reason, "NameInUse", "{what}: {message}");
+                assert!(
+                    message.contains(&format!("ByoHost {pool_a}/{victim}")),
+                    "{what}: {message}"
+                );
+                assert!(message.contains(hint), "{what}: {message}");
+            }
+            other => panic!("{what} took over host {victim}: {other:?}"),
+        }
+    }
+
+    // The admin's replacement for the victim's pool takes the name over.
+    let config = attempt(pool_a.clone(), true, true)
+        .await
+        .expect("the replacement enrols");
+    assert_eq!(whoami(config).await.0, format!("byoh:host:{victim}"));
+}

@@ -16,6 +16,11 @@
 //!   unspent; or **renewal**: the requester is `byoh:host:<name>` itself, in group `byoh:hosts`,
 //!   and still holds the pool RoleBinding enrollment gave it (it goes with the ByoHost).
 //!
+//! A host name is taken once: an enrollment is denied (`NameInUse`) when a ByoHost, a live pool
+//! RoleBinding or an unexpired certificate from another CSR already holds the name, in any pool,
+//! unless its token was issued by `bootsmanctl hosts replace` for that very name and pool
+//! ([`check_name`]). So a pool's token cannot be used to become another host.
+//!
 //! The pool comes from the API server's authentication of the token (its group) and from the token
 //! Secret, never from anything the host wrote. A token is spent before the approval: the Secret is
 //! annotated with the CSR (`bootsman.io/spent-by: <name>/<uid>`) by a write preconditioned on its
@@ -541,6 +546,142 @@ pub fn check_token(secret: Option<&Secret>, req: &Request, by: &str, now: Timest
     Ok(())
 }
 
+/// Something that already holds a host name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The pool (namespace) it belongs to, when it has one.
+    pub pool: Option<String>,
+    /// What it is, for the denial message.
+    pub what: String,
+}
+
+/// Who holds host name `host` already, in any namespace: a ByoHost of that name, a pool RoleBinding
+/// `byoh:host:<host>` that is not owned by a ByoHost that is gone, and a certificate for
+/// `byoh:host:<host>` issued through another CSR (`except`) that has not expired. Certificates
+/// whose CSR was already cleaned up (an hour after issue) are not seen; host certificates are short
+/// enough lived that renewal, which needs the pool binding, decides their fate.
+pub async fn name_holders(
+    client: &kube::Client,
+    host: &str,
+    except: &str,
+    now: Timestamp,
+) -> Result<Vec<Holder>> {
+    let mut out = Vec::new();
+    let hosts = Api::<ByoHost>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("metadata.name={host}")))
+        .await
+        .map_err(kerr(format!("list ByoHosts named {host}")))?;
+    let mut live: Vec<(String, String)> = Vec::new();
+    for h in &hosts.items {
+        let ns = h.namespace().unwrap_or_default();
+        out.push(Holder {
+            pool: Some(ns.clone()),
+            what: format!("ByoHost {ns}/{host}"),
+        });
+        if h.metadata.deletion_timestamp.is_none() {
+            live.push((ns, h.uid().unwrap_or_default()));
+        }
+    }
+    let name = pool_binding_name(host);
+    let bindings = Api::<RoleBinding>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+        .await
+        .map_err(kerr(format!("list RoleBindings {name}")))?;
+    for b in bindings.items.iter().filter(|b| is_pool_binding(b, host)) {
+        let ns = b.namespace().unwrap_or_default();
+        let live_uid = live.iter().find(|(n, _)| *n == ns).map(|(_, u)| u.as_str());
+        if !owned_by_a_gone_host(b, live_uid) {
+            out.push(Holder {
+                pool: Some(ns.clone()),
+                what: format!("the pool RoleBinding {ns}/{name}"),
+            });
+        }
+    }
+    let user = identity::host_user(host);
+    let csrs = Api::<CertificateSigningRequest>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(kerr("list CertificateSigningRequests"))?;
+    for c in csrs
+        .items
+        .iter()
+        .filter(|c| c.name_any() != except && c.spec.signer_name == SIGNER)
+    {
+        let Some(cert) = c.status.as_ref().and_then(|s| s.certificate.as_ref()) else {
+            continue;
+        };
+        if let Some((cn, not_after)) = certificate_subject(&cert.0)
+            && cn == user
+            && not_after > now.as_second()
+        {
+            out.push(Holder {
+                pool: None,
+                what: format!(
+                    "a certificate issued through CSR {} (valid until {})",
+                    c.name_any(),
+                    Timestamp::from_second(not_after)
+                        .map(|t| t.to_string())
+                        .unwrap_or_default()
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// CN and notAfter (Unix seconds) of the first certificate of a PEM bundle.
+fn certificate_subject(pem: &[u8]) -> Option<(String, i64)> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(&pem.contents).ok()?;
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    Some((cn, cert.validity().not_after.timestamp()))
+}
+
+/// Whether enrollment `req` may take its host name, given who holds it already. A free name needs
+/// nothing more. A held name (in any pool: host names are unique across pools) is taken over only
+/// by a token pinned to it and issued as a replacement (`bootsmanctl hosts replace`), for the
+/// pool the name lives in: an explicit admin action, never a side effect of a pool token.
+pub fn check_name(req: &Request, token: &Secret, holders: &[Holder]) -> Result<(), Denial> {
+    let Request::Enroll { host, pool, .. } = req else {
+        return Ok(());
+    };
+    if holders.is_empty() {
+        return Ok(());
+    }
+    let annotations = token.annotations();
+    let replaces = annotations.get(identity::TOKEN_HOST) == Some(host)
+        && annotations.get(identity::TOKEN_REPLACES) == Some(host);
+    let other_pool = holders
+        .iter()
+        .find(|h| h.pool.as_ref().is_some_and(|p| p != pool));
+    if replaces && other_pool.is_none() {
+        return Ok(());
+    }
+    let held: Vec<&str> = holders.iter().map(|h| h.what.as_str()).collect();
+    let hint = match other_pool {
+        Some(h) => format!(
+            "host names are unique across pools, and this one lives in pool {:?}",
+            h.pool.clone().unwrap_or_default()
+        ),
+        None => format!(
+            "to replace that host, issue a token with `bootsmanctl hosts replace {host} --namespace {pool}`"
+        ),
+    };
+    Err(deny(
+        "NameInUse",
+        format!(
+            "host name {host:?} is already held by {}; {hint}",
+            held.join(", ")
+        ),
+    ))
+}
+
 /// Counts decisions.
 #[derive(Clone, Debug)]
 struct Metrics {
@@ -630,6 +771,16 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
     let Some(mut secret) = secret else {
         return Err(Error::Invalid(format!("token Secret {secret_name} vanished")));
     };
+    // A token this CSR already spent passed this check before the approver stopped; its own
+    // grant may exist by now and must not count against it.
+    if secret.annotations().get(identity::TOKEN_SPENT_BY) != Some(&by)
+        && let Request::Enroll { host, .. } = &req
+    {
+        let holders = name_holders(&ctx.client, host, &csr.name_any(), Timestamp::now()).await?;
+        if let Err(d) = check_name(&req, &secret, &holders) {
+            return decide(&csr, &ctx, Err(d)).await;
+        }
+    }
     if !secret.annotations().contains_key(identity::TOKEN_SPENT_BY) {
         // Spend first: the replace carries the resourceVersion just read, so only one CSR (and
         // one approver) can ever spend this token.
@@ -1005,6 +1156,47 @@ mod tests {
             check_token(None, &Request::Renew { host: "h1".into() }, "x", now),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_held_name_needs_a_replacement_token_of_its_pool() {
+        let later: Timestamp = "2026-01-01T01:00:00Z".parse().expect("time");
+        let Verdict::Admissible(req) = examine(&enrolling("h1")) else {
+            panic!("admissible")
+        };
+        let Request::Enroll { pool, .. } = &req else {
+            panic!("enroll")
+        };
+        let held = |pool: Option<&str>| Holder {
+            pool: pool.map(Into::into),
+            what: "ByoHost x/h1".into(),
+        };
+        let replacement = |host: &str| {
+            let mut t = token(pool, Some(host), later);
+            t.annotations_mut()
+                .insert(identity::TOKEN_REPLACES.into(), host.into());
+            t
+        };
+        let check = |t: &Secret, holders: &[Holder]| check_name(&req, t, holders).map_err(|d| d.reason);
+        let free: &[Holder] = &[];
+        assert_eq!(check(&token(pool, None, later), free), Ok(()));
+        assert_eq!(
+            check(&token(pool, None, later), &[held(Some(pool))]),
+            Err("NameInUse")
+        );
+        assert_eq!(
+            check(&token(pool, Some("h1"), later), &[held(Some(pool))]),
+            Err("NameInUse")
+        );
+        assert_eq!(check(&replacement("h1"), &[held(Some(pool)), held(None)]), Ok(()));
+        assert_eq!(
+            check(&replacement("h1"), &[held(Some("pool-other"))]),
+            Err("NameInUse")
+        );
+        // A replacement names the host it replaces: the token's host must be the request's.
+        assert_eq!(check(&replacement("h2"), &[held(Some(pool))]), Err("NameInUse"));
+        let d = check_name(&req, &token(pool, None, later), &[held(Some("pool-other"))]).expect_err("held");
+        assert!(d.message.contains("unique across pools"), "{}", d.message);
     }
 
     fn binding(host: &str) -> RoleBinding {

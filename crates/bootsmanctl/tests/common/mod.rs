@@ -54,6 +54,24 @@ pub async fn bootstrap_kubeconfig(
     pool: &str,
     host: Option<&str>,
 ) -> (bootsmanctl::token::Token, PathBuf) {
+    issue(env, pool, host, false).await
+}
+
+/// Like [`bootstrap_kubeconfig`] for a token of `bootsmanctl hosts replace HOST`.
+pub async fn replacement_kubeconfig(
+    env: &TestEnv,
+    pool: &str,
+    host: &str,
+) -> (bootsmanctl::token::Token, PathBuf) {
+    issue(env, pool, Some(host), true).await
+}
+
+async fn issue(
+    env: &TestEnv,
+    pool: &str,
+    host: Option<&str>,
+    replace: bool,
+) -> (bootsmanctl::token::Token, PathBuf) {
     let admin = env.client().await;
     let token = bootsmanctl::token::create(
         &admin,
@@ -61,6 +79,7 @@ pub async fn bootstrap_kubeconfig(
             pool: pool.into(),
             host: host.map(Into::into),
             ttl: Duration::from_secs(600),
+            replace,
         },
     )
     .await
