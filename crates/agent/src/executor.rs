@@ -1,8 +1,9 @@
 //! Runs a parsed bootstrap on the host and undoes it on release.
 //!
 //! Steps run in order under the [`Root`]; the [`Journal`] is saved after each completed step, so
-//! an interrupted bootstrap resumes where it stopped. Commands run with the root as working
-//! directory, `BYOH_ROOT` set to it and `PATH` starting with `<root>/usr/local/bin:<root>/usr/bin`;
+//! an interrupted bootstrap resumes where it stopped. Commands run with umask 022 (whatever the
+//! agent's own), the root as working directory, `BYOH_ROOT` set to it and `PATH` starting with
+//! `<root>/usr/local/bin:<root>/usr/bin`;
 //! their stdout and stderr go to one log file in the state directory whose tail ends up in the
 //! condition message. A command that outlives its timeout is killed with its process group.
 
@@ -49,6 +50,22 @@ pub enum ExecError {
 /// and when a whole cluster is deleted the last member has no quorum left to leave, so kubeadm
 /// would retry for many minutes and the host would be quarantined instead of returning clean.
 pub const KUBEADM_RESET: [&str; 4] = ["kubeadm", "reset", "-f", "--skip-phases=remove-etcd-member"];
+
+/// The umask of every command the agent runs. The agent's own unit sets `UMask=0077` for its
+/// keys and journals; bootstrap commands expect an ordinary system's 022 (a keyring `apt` must
+/// read, a kubeconfig other users read, directories kubeadm creates).
+pub const CHILD_UMASK: &str = "0022";
+
+/// `program args…` started through `sh` with [`CHILD_UMASK`] (the umask is inherited across
+/// `exec`; setting it in the child without a shell would need `pre_exec`, which is unsafe).
+fn with_umask(program: &str, args: &[impl AsRef<std::ffi::OsStr>]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("umask {CHILD_UMASK} && exec \"$0\" \"$@\""))
+        .arg(program)
+        .args(args);
+    cmd
+}
 
 /// Outcome of one command.
 struct Ran {
@@ -224,14 +241,10 @@ impl Executor {
         let mut cmd = match c {
             Command::Shell(s) => {
                 let mut cmd = tokio::process::Command::new("sh");
-                cmd.arg("-c").arg(s);
+                cmd.arg("-c").arg(format!("umask {CHILD_UMASK}\n{s}"));
                 cmd
             }
-            Command::Argv(argv) => {
-                let mut cmd = tokio::process::Command::new(&argv[0]);
-                cmd.args(&argv[1..]);
-                cmd
-            }
+            Command::Argv(argv) => with_umask(&argv[0], &argv[1..]),
         };
         self.prepare(&mut cmd);
         run_logged(cmd, log, self.command_timeout, stop).await
@@ -263,8 +276,7 @@ impl Executor {
     pub async fn reset(&self, stop: &watch::Receiver<bool>) -> Result<String, Result<String, ExecError>> {
         let mut notes = Vec::new();
         if let Some(kubeadm) = self.kubeadm() {
-            let mut cmd = tokio::process::Command::new(&kubeadm);
-            cmd.args(&KUBEADM_RESET[1..]);
+            let mut cmd = with_umask(&kubeadm.display().to_string(), &KUBEADM_RESET[1..]);
             self.prepare(&mut cmd);
             let ran = run_logged(
                 cmd,

@@ -186,6 +186,7 @@ runcmd:
   - echo "$BYOH_ROOT" > run/root.txt
   - [ sh, -c, "pwd > run/cwd.txt; echo started >> run/count.txt" ]
   - kubeadm init --config /etc/kubeadm/deep/nested/plain.conf
+  - umask > run/umask.txt
 "#;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -197,7 +198,8 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
         "/usr/local/bin/kubeadm",
         "echo \"$@\" >> \"$BYOH_ROOT/run/kubeadm.log\"",
     );
-    host.start(&[]);
+    // As the unit runs it: UMask=0077 for the agent's own files.
+    host.start_with_unit_umask(&[]);
     wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
     hand_over(&pool, "node-b", "uid-b1", ALL_FILES).await;
     let h = wait_condition(&pool.hosts(), &host, types::BOOTSTRAP_SUCCEEDED, "True").await;
@@ -223,6 +225,8 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
         read(&host.path("run/kubeadm.log")),
         "init --config /etc/kubeadm/deep/nested/plain.conf\n"
     );
+    // Bootstrap commands run with an ordinary system's umask, not the agent's 0077.
+    assert_eq!(read(&host.path("run/umask.txt")).trim(), "0022");
     let cond =
         bootsman_runtime::conditions::get(&h.status.as_ref().unwrap().conditions, types::BOOTSTRAP_SUCCEEDED)
             .unwrap()

@@ -211,18 +211,35 @@ impl Host {
 
     /// Starts the agent with `labels`; its log goes to `state/agent.log`.
     pub fn start(&mut self, labels: &[&str]) {
+        let cmd = self.command(labels);
+        self.spawn(cmd);
+    }
+
+    /// Starts the agent as its systemd unit does, with `UMask=0077`.
+    pub fn start_with_unit_umask(&mut self, labels: &[&str]) {
+        let agent = self.command(labels);
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg("umask 0077 && exec \"$0\" \"$@\"")
+            .arg(agent.get_program())
+            .args(agent.get_args());
+        for (k, v) in agent.get_envs() {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        self.spawn(cmd);
+    }
+
+    fn spawn(&mut self, mut cmd: Command) {
         assert!(self.child.is_none(), "agent already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.state.join("agent.log"))
             .unwrap();
-        let child = self
-            .command(labels)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let child = cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap();
         self.child = Some(child);
     }
 
