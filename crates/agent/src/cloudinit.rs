@@ -7,7 +7,7 @@
 //! directive skipped silently would leave a host that looks bootstrapped and is not.
 //!
 //! The parser never panics, whatever the input (it is fuzzed: `crates/agent/fuzz`), and bounds
-//! what it decodes ([`MAX_FILE_BYTES`]).
+//! what it decodes ([`MAX_FILE_BYTES`] a file, [`MAX_TOTAL_BYTES`] in all).
 
 use std::io::Read;
 
@@ -16,6 +16,10 @@ use serde_json::Value;
 
 /// Largest decoded content of one file, so a small compressed input cannot exhaust memory.
 pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Largest decoded content of all files together: many files each under [`MAX_FILE_BYTES`]
+/// must not add up to more memory than a host can spare.
+pub const MAX_TOTAL_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Top-level directives this agent runs.
 pub const SUPPORTED: &[&str] = &["write_files", "runcmd"];
@@ -123,8 +127,20 @@ pub fn parse(text: &str) -> Result<Vec<Step>, ParseError> {
     match map.get("write_files") {
         None | Some(Value::Null) => {}
         Some(Value::Array(items)) => {
+            let mut total: u64 = 0;
             for (i, item) in items.iter().enumerate() {
-                steps.push(Step::WriteFile(write_file(&format!("write_files[{i}]"), item)?));
+                let f = write_file(&format!("write_files[{i}]"), item)?;
+                total = total.saturating_add(f.content.len() as u64);
+                if total > MAX_TOTAL_BYTES {
+                    return Err(invalid(
+                        format!("write_files[{i}]"),
+                        format!(
+                            "the files decode to more than {MAX_TOTAL_BYTES} bytes in all \
+                             (rule: bootstrap-data-total-size)"
+                        ),
+                    ));
+                }
+                steps.push(Step::WriteFile(f));
             }
         }
         Some(other) => {
@@ -444,6 +460,29 @@ mod tests {
         let e = parse("runcmd:\n- {a: b}\n").unwrap_err();
         assert!(e.to_string().contains("runcmd[0]"), "{e}");
         assert!(matches!(parse("- a\n"), Err(ParseError::NotAMapping(_))));
+        // Files each within the per-file cap, together over the total cap (gzip keeps the input
+        // small: 40 MiB of zeros compress to about 40 KiB).
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        std::io::Write::write_all(&mut gz, &vec![0u8; 40 * 1024 * 1024]).unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(gz.finish().unwrap());
+        let files: String = (0..7)
+            .map(|i| format!("  - path: /f{i}\n    encoding: gz+b64\n    content: {b64}\n"))
+            .collect();
+        let e = parse(&format!("write_files:\n{files}")).unwrap_err();
+        assert_eq!(e.to_string().split(':').next(), Some("write_files[6]"), "{e}");
+        assert!(e.to_string().contains("(rule: bootstrap-data-total-size)"), "{e}");
+        assert_eq!(
+            parse(&format!(
+                "write_files:\n{}",
+                files
+                    .lines()
+                    .take(18)
+                    .map(|l| format!("{l}\n"))
+                    .collect::<String>()
+            ))
+            .map(|s| s.len()),
+            Ok(6)
+        );
         assert!(matches!(parse("a: [\n"), Err(ParseError::Yaml(_))));
         assert_eq!(parse("").unwrap(), vec![]);
         assert_eq!(parse("#cloud-config\n").unwrap(), vec![]);
