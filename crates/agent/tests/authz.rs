@@ -418,6 +418,115 @@ async fn a_host_writes_only_its_own_objects_and_reads_no_secret() {
     );
 }
 
+/// A host that adds a finalizer to its own ByoHost (or Lease) could keep it, and the pool access
+/// that goes with it, after an admin removes it; one that sets an owner could have the garbage
+/// collector take it. Both are refused; the provider's finalizer on a host's ByoHost stays when
+/// the host writes its labels.
+#[tokio::test]
+async fn a_host_may_not_hold_its_objects_with_finalizers_or_owners() {
+    let env = TestEnv::shared().await;
+    apply_rbac(env);
+    let ns = env.create_namespace("authz-fin").await;
+    let admin = env.client().await;
+    enrolled_in(&admin, &ns, "f").await;
+    let f = env.client_for("byoh:host:f", &["byoh:hosts"]).await;
+    let hosts = Api::<ByoHost>::namespaced(f.clone(), &ns);
+    let mut with_finalizer = host("f", &ns);
+    with_finalizer.metadata.finalizers = Some(vec!["evil.example/hold".into()]);
+    wait_for("the finalizer rule to refuse host f", WAIT, || {
+        let hosts = hosts.clone();
+        let h = with_finalizer.clone();
+        let admin_hosts = Api::<ByoHost>::namespaced(admin.clone(), &ns);
+        async move {
+            match hosts.create(&PostParams::default(), &h).await {
+                Err(kube::Error::Api(s)) if s.message.contains("metadata.finalizers") => Ok(()),
+                Ok(_) => {
+                    // Created before the policy took effect: take it away and try again.
+                    let clear = json!({"metadata": {"finalizers": null}});
+                    let _ = admin_hosts
+                        .patch("f", &PatchParams::default(), &Patch::Merge(clear))
+                        .await;
+                    let _ = admin_hosts.delete("f", &Default::default()).await;
+                    Err("host f could still create a ByoHost with a finalizer".to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await;
+    allowed(
+        "host f registers",
+        hosts.create(&PostParams::default(), &host("f", &ns)).await,
+    );
+    let msg = refused(
+        "host f adds a finalizer to its ByoHost",
+        hosts
+            .patch(
+                "f",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": ["evil.example/hold"]}})),
+            )
+            .await,
+    );
+    assert!(msg.contains("metadata.finalizers"), "{msg}");
+    let msg = refused(
+        "host f gives its ByoHost an owner",
+        hosts
+            .patch(
+                "f",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Namespace", "name": ns, "uid": "00000000-0000-0000-0000-000000000001"
+                }]}})),
+            )
+            .await,
+    );
+    assert!(msg.contains("metadata.ownerReferences"), "{msg}");
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some("f".into()),
+            namespace: Some(ns.clone()),
+            finalizers: Some(vec!["evil.example/hold".into()]),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    refused(
+        "host f creates its Lease with a finalizer",
+        Api::<Lease>::namespaced(f.clone(), &ns)
+            .create(&PostParams::default(), &lease)
+            .await,
+    );
+
+    // The provider's finalizer stays when the host writes its labels.
+    Api::<ByoHost>::namespaced(admin.clone(), &ns)
+        .patch(
+            "f",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["infrastructure.cluster.x-k8s.io/test"]}})),
+        )
+        .await
+        .unwrap();
+    allowed(
+        "host f writes its labels",
+        hosts
+            .patch(
+                "f",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"zone": "a"}}})),
+            )
+            .await,
+    );
+    Api::<ByoHost>::namespaced(admin, &ns)
+        .patch(
+            "f",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn an_admin_still_manages_hosts() {
     let env = TestEnv::shared().await;
