@@ -482,6 +482,42 @@ impl Agent {
             }
             return Ok(());
         }
+        // A host claimed again without a release (its quarantine lifted by an admin, say) still
+        // holds another machine's bootstrap: it is reset before anything of the new machine
+        // runs, and is not bootstrapped while that fails.
+        let others: Vec<String> = state
+            .journals()
+            .map_err(retry)?
+            .into_iter()
+            .map(|j| j.machine_uid)
+            .filter(|u| *u != mref.uid)
+            .collect();
+        if !others.is_empty() {
+            tracing::info!(machine_uid = %mref.uid, previous = ?others, "the host holds another machine's bootstrap: resetting it first");
+            match self.opts.executor.reset(stop).await {
+                Ok(summary) => {
+                    self.metrics.resets.with_label_values(&["succeeded"]).inc();
+                    let msg = format!("reset before bootstrapping machine {}: {summary}", mref.name);
+                    self.event(host, false, "CleanupSucceeded", "Reset", &msg).await;
+                }
+                Err(Ok(why)) => {
+                    self.metrics.resets.with_label_values(&["failed"]).inc();
+                    let msg = format!(
+                        "the host still holds the bootstrap of machine(s) {} and could not be reset, so machine {} is \
+                         not bootstrapped: {why}",
+                        others.join(", "),
+                        mref.name
+                    );
+                    self.report(host, types::BOOTSTRAP_SUCCEEDED, false, "NeedsReset", &msg)
+                        .await
+                        .map_err(retry)?;
+                    self.event(host, true, "NeedsReset", "Bootstrap", &msg).await;
+                    return Err(ActError::Retry(msg));
+                }
+                Err(Err(ExecError::Interrupted)) => return Err(ActError::Interrupted),
+                Err(Err(e)) => return Err(ActError::Retry(e.to_string())),
+            }
+        }
         let ns = secret_ref
             .namespace
             .clone()

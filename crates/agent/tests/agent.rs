@@ -11,6 +11,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
 use bootsman_api::condition::types;
+use bootsman_testenv::wait_for;
 use common::{Pool, message, read, wait_condition};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -460,4 +461,54 @@ fn bad_flags_name_the_flag_and_rule() {
     let (ok, err) = run_agent(&["--name", "h"]);
     assert!(!ok);
     assert!(err.contains("--namespace"), "{err}");
+}
+
+/// A host claimed for a new machine while it still holds another machine's bootstrap (a
+/// quarantine lifted by an admin skips the release) is reset before the new bootstrap runs:
+/// `kubeadm reset`, the old machine's files gone, then the new machine's `kubeadm join`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_claimed_again_without_release_is_reset_before_its_next_bootstrap() {
+    let pool = Pool::new("agent-reclaim").await;
+    let mut host = pool.host("node-r");
+    std::fs::create_dir_all(host.path("run")).unwrap();
+    host.script(
+        "/usr/local/bin/kubeadm",
+        "echo \"$@\" >> \"$BYOH_ROOT/run/kubeadm.log\"",
+    );
+    host.start(&[]);
+    wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
+    let first = "#cloud-config\nwrite_files:\n  - path: /etc/first.conf\n    content: one\nruncmd:\n  - kubeadm init\n";
+    hand_over(&pool, "node-r", "uid-r1", first).await;
+    wait_condition(&pool.hosts(), &host, types::BOOTSTRAP_SUCCEEDED, "True").await;
+    assert!(host.path("/etc/first.conf").exists());
+
+    // The claim goes without a release (as when an admin lifts a quarantine), then a new one.
+    pool.hosts()
+        .patch(
+            "node-r",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"machineRef": null, "bootstrapSecret": null}})),
+        )
+        .await
+        .unwrap();
+    let second = "#cloud-config\nruncmd:\n  - kubeadm join\n";
+    hand_over(&pool, "node-r", "uid-r2", second).await;
+    wait_for("the second bootstrap", Duration::from_secs(60), || async {
+        let log = std::fs::read_to_string(host.path("run/kubeadm.log")).unwrap_or_default();
+        if log.ends_with("join\n") {
+            Ok(log)
+        } else {
+            Err(log)
+        }
+    })
+    .await;
+    assert_eq!(
+        read(&host.path("run/kubeadm.log")),
+        "init\nreset -f --skip-phases=remove-etcd-member\njoin\n",
+        "reset between the two machines' bootstraps"
+    );
+    assert!(
+        !host.path("/etc/first.conf").exists(),
+        "the first machine's file is gone"
+    );
 }
