@@ -460,10 +460,12 @@ impl E2e {
                 Ok(if ready.len() >= n {
                     Ok(ready)
                 } else {
+                    let why: Vec<String> = pods.items.iter().filter_map(pod_not_ready).collect();
                     Err(format!(
-                        "{} of {} Running and Ready",
+                        "{} of {} Running and Ready; {}",
                         ready.len(),
-                        pods.items.len()
+                        pods.items.len(),
+                        why.join("; ")
                     ))
                 })
             },
@@ -885,6 +887,58 @@ fn fail(what: String) -> Error {
     }
 }
 
+/// Why a pod is not Running and Ready, in one line (None when it is): its node, phase, the
+/// reason of a false condition and the waiting or terminated state of each container.
+fn pod_not_ready(p: &Pod) -> Option<String> {
+    let status = p.status.as_ref()?;
+    let conditions = status.conditions.as_deref().unwrap_or_default();
+    if status.phase.as_deref() == Some("Running")
+        && conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    {
+        return None;
+    }
+    let mut parts = vec![format!(
+        "{} on {}: {}",
+        p.metadata.name.as_deref().unwrap_or("?"),
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .unwrap_or("no node"),
+        status.phase.as_deref().unwrap_or("no phase")
+    )];
+    for c in conditions.iter().filter(|c| c.status != "True") {
+        if let Some(m) = c.message.as_deref().or(c.reason.as_deref()) {
+            parts.push(format!("{}={m}", c.type_));
+        }
+    }
+    for cs in status.container_statuses.iter().flatten() {
+        let state = cs.state.as_ref();
+        if let Some(w) = state.and_then(|s| s.waiting.as_ref()) {
+            parts.push(format!(
+                "{} waiting {} {}",
+                cs.name,
+                w.reason.as_deref().unwrap_or(""),
+                w.message.as_deref().unwrap_or("")
+            ));
+        } else if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+            parts.push(format!(
+                "{} exited {} {}",
+                cs.name,
+                t.exit_code,
+                t.reason.as_deref().unwrap_or("")
+            ));
+        } else if !cs.ready {
+            parts.push(format!(
+                "{} running, not ready (restarts {})",
+                cs.name, cs.restart_count
+            ));
+        }
+    }
+    Some(parts.join(", "))
+}
+
 /// After a failure: the state of the infrastructure and child clusters and the logs to read.
 async fn diagnose(e2e: &E2e) {
     heading("diagnosis");
@@ -917,5 +971,24 @@ async fn diagnose(e2e: &E2e) {
     for h in &e2e.site.hosts {
         let log = h.log_dir().join("byoh-agent.log");
         println!("--- {} ---\n{}", log.display(), bootsman_testenv::tail(&log, 8));
+    }
+    // Last, where a shortened report still shows it: what went wrong inside the child cluster.
+    if !e2e.child.as_os_str().is_empty() {
+        let args = [
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            "type=Warning",
+            "--sort-by",
+            ".lastTimestamp",
+        ];
+        if let Ok(out) = e2e.site.kubectl(Some(&e2e.child), &args) {
+            let lines: Vec<&str> = out.lines().collect();
+            println!("--- Warning events in the child cluster (last 15) ---");
+            for l in &lines[lines.len().saturating_sub(15)..] {
+                println!("{l}");
+            }
+        }
     }
 }
