@@ -62,10 +62,7 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
     let client =
         kube::Client::try_from(enroll::ensure_identity(&opts).await.expect("identity")).expect("client");
     let own = ByoHost::new("web-1", ByoHostSpec::default());
-    Api::<ByoHost>::namespaced(client.clone(), &pool)
-        .create(&PostParams::default(), &own)
-        .await
-        .expect("the host registers in its pool");
+    common::register(env, &client, &pool, "web-1").await;
     let elsewhere = env.create_namespace("enroll-other").await;
     let refused = Api::<ByoHost>::namespaced(client, &elsewhere)
         .create(&PostParams::default(), &own)
@@ -300,4 +297,88 @@ async fn a_pool_token_cannot_take_over_an_existing_host_name() {
         .await
         .expect("the replacement enrols");
     assert_eq!(whoami(config).await.0, format!("byoh:host:{victim}"));
+}
+
+/// The attack of a host an admin is removing: it keeps renewing its certificate. A host whose
+/// binding no ByoHost has taken over yet, a host whose ByoHost is being deleted (held here by a
+/// finalizer, so its pool RoleBinding still exists) and a host whose ByoHost is gone are each
+/// denied, with the reason, and the certificate it holds stays as it was.
+#[tokio::test]
+async fn a_host_being_removed_cannot_renew_its_certificate() {
+    let env = TestEnv::shared().await;
+    common::apply_host_rbac(env);
+    common::start_approver(env).await;
+    let pool = env.create_namespace("renew-removed").await;
+    let host = "leaving-1";
+    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some(host)).await;
+    let opts = options(env, host, Some(bootstrap));
+    let config = enroll::ensure_identity(&opts).await.expect("enrollment");
+    let denied = |expected: &'static str| {
+        let opts = &opts;
+        async move {
+            let kept = std::fs::read(&opts.kubeconfig).expect("kubeconfig");
+            match enroll::renew(opts, Some(Duration::from_secs(600))).await {
+                Err(Error::Denied { reason, message, .. }) if reason == expected => {
+                    assert!(message.contains(host), "{message}");
+                }
+                other => panic!("expected a {expected} denial, got {other:?}"),
+            }
+            assert_eq!(std::fs::read(&opts.kubeconfig).expect("kubeconfig"), kept);
+        }
+    };
+
+    // Enrolled, its binding not yet owned by a ByoHost.
+    denied("HostNotAdopted").await;
+
+    // Registered and owning its binding: renewed.
+    let client = kube::Client::try_from(config).expect("client");
+    common::register(env, &client, &pool, host).await;
+    enroll::renew(&opts, Some(Duration::from_secs(600)))
+        .await
+        .expect("a registered host renews");
+
+    // Being deleted: an admin's finalizer holds the ByoHost, and with it the binding.
+    let admin = env.client().await;
+    let hosts = Api::<ByoHost>::namespaced(admin.clone(), &pool);
+    let hold = serde_json::json!({"metadata": {"finalizers": ["test.bootsman.io/hold"]}});
+    hosts
+        .patch(
+            host,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&hold),
+        )
+        .await
+        .expect("hold the ByoHost");
+    hosts
+        .delete(host, &Default::default())
+        .await
+        .expect("delete the ByoHost");
+    denied("HostDeleting").await;
+
+    // Gone: its binding goes with it.
+    let release = serde_json::json!({"metadata": {"finalizers": null}});
+    hosts
+        .patch(
+            host,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&release),
+        )
+        .await
+        .expect("release the ByoHost");
+    let bindings = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin, &pool);
+    wait_for(
+        "the binding to go with its ByoHost",
+        Duration::from_secs(60),
+        || {
+            let bindings = bindings.clone();
+            async move {
+                match bindings.get_opt(&identity::host_user(host)).await {
+                    Ok(None) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    denied("HostRemoved").await;
 }

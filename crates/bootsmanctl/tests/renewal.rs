@@ -50,7 +50,10 @@ async fn the_host_renews_a_short_lived_certificate_once_per_lifetime() {
         approval_timeout: Duration::from_secs(60),
     };
     let first = enroll::ensure_identity(&opts).await.expect("enrollment");
-    assert_eq!(whoami(first).await, identity::host_user("db-1"));
+    assert_eq!(whoami(first.clone()).await, identity::host_user("db-1"));
+    // Registered, with its pool RoleBinding taken over by its ByoHost: renewals are approved.
+    let host = kube::Client::try_from(first).unwrap();
+    common::register(&env, &host, &pool, "db-1").await;
 
     // 70 s of the loop: the certificate (valid for 60 s from its arrival) is due after 48 s; the
     // renewed one would be due about 48 s after that, outside the window.

@@ -14,7 +14,8 @@
 //!   `system:bootstrappers:byoh:<pool>`, and the Secret `kube-system/bootstrap-token-<id>` was issued
 //!   by `bootsmanctl hosts token` for that pool (and that host, if it names one), is unexpired and
 //!   unspent; or **renewal**: the requester is `byoh:host:<name>` itself, in group `byoh:hosts`,
-//!   and still holds the pool RoleBinding enrollment gave it (it goes with the ByoHost).
+//!   and still holds the pool RoleBinding enrollment gave it, owned by its live ByoHost (not being
+//!   deleted): see [`check_renewal`].
 //!
 //! A host name is taken once: an enrollment is denied (`NameInUse`) when a ByoHost, a live pool
 //! RoleBinding or an unexpired certificate from another CSR already holds the name, in any pool,
@@ -34,7 +35,8 @@
 //! Once the host's ByoHost exists, the provider's host-health controller makes the ByoHost the
 //! binding's owner, so the garbage collector takes the binding, and the host's rights, with the
 //! ByoHost. A binding still owned by a ByoHost that is gone is replaced, never reused, when the
-//! host enrols again.
+//! host enrols again. A binding that no ByoHost took over, whose host has no ByoHost, is removed
+//! after [`ORPHAN_BINDING_GRACE`] ([`sweep_orphan_bindings`], every minute).
 //!
 //! Decisions are counted in `bootsman_provider_host_csrs_total{decision,reason}` and logged with
 //! the CSR's name, requester and reason.
@@ -77,16 +79,71 @@ pub fn pool_binding_name(host: &str) -> String {
     identity::host_user(host)
 }
 
-/// Whether host `host` still has the pool access enrollment gave it: a binding as
-/// [`grant_pool_access`] writes it, in any namespace. It goes with the host's ByoHost, and then a
-/// renewal is denied: a removed host cannot keep itself a certificate.
-pub async fn has_pool_access(client: &kube::Client, host: &str) -> Result<bool> {
+/// Whether host `host` may renew its certificate: it still has the pool access enrollment gave
+/// it, and that access is held by a live host. That is a binding as [`grant_pool_access`] writes
+/// it (in any namespace) whose namespace has the host's ByoHost, not being deleted, as the
+/// binding's owner. A removed host (binding gone with its ByoHost), a host being deleted (a
+/// ByoHost held by a finalizer keeps its binding until it is gone) and a binding no ByoHost has
+/// taken over yet are all denied, with the reason: a host cannot keep itself a certificate past
+/// its removal.
+pub async fn check_renewal(client: &kube::Client, host: &str) -> Result<Result<(), Denial>> {
     let name = pool_binding_name(host);
     let bindings = Api::<RoleBinding>::all(client.clone())
         .list(&ListParams::default().fields(&format!("metadata.name={name}")))
         .await
         .map_err(kerr(format!("list RoleBindings {name}")))?;
-    Ok(bindings.items.iter().any(|b| is_pool_binding(b, host)))
+    let mut why = None;
+    for b in bindings.items.iter().filter(|b| is_pool_binding(b, host)) {
+        let ns = b.namespace().unwrap_or_default();
+        let byohost = Api::<ByoHost>::namespaced(client.clone(), &ns)
+            .get_opt(host)
+            .await
+            .map_err(kerr(format!("read ByoHost {ns}/{host}")))?;
+        let owned = b.owner_references().iter().any(is_host_owner);
+        let d = match byohost {
+            None if !owned => deny(
+                "HostNotAdopted",
+                format!(
+                    "host {host:?} has not registered its ByoHost in pool {ns:?} yet: a host renews once its ByoHost owns the pool RoleBinding {ns}/{name}; retry later"
+                ),
+            ),
+            None => deny(
+                "HostRemoved",
+                format!(
+                    "host {host:?} has no ByoHost in its pool {ns:?} any more; enrol it again with `bootsmanctl hosts token`"
+                ),
+            ),
+            Some(h) if h.metadata.deletion_timestamp.is_some() => deny(
+                "HostDeleting",
+                format!(
+                    "ByoHost {ns}/{host} is being deleted: a host being removed gets no new certificate; enrol it again with `bootsmanctl hosts token` once it is gone"
+                ),
+            ),
+            Some(h)
+                if !b
+                    .owner_references()
+                    .iter()
+                    .any(|o| is_host_owner(o) && Some(&o.uid) == h.metadata.uid.as_ref()) =>
+            {
+                deny(
+                    "HostNotAdopted",
+                    format!(
+                        "the pool RoleBinding {ns}/{name} is not owned by ByoHost {ns}/{host}: the provider hands it over once the host has registered; retry later"
+                    ),
+                )
+            }
+            Some(_) => return Ok(Ok(())),
+        };
+        why.get_or_insert(d);
+    }
+    Ok(Err(why.unwrap_or_else(|| {
+        deny(
+            "HostRemoved",
+            format!(
+                "host {host:?} has no pool access any more (no RoleBinding {name} in any namespace: its ByoHost was deleted); enrol it again with `bootsmanctl hosts token`"
+            ),
+        )
+    })))
 }
 
 /// Whether `binding` is exactly what [`grant_pool_access`] writes for host `host`: named
@@ -184,6 +241,68 @@ pub async fn grant_pool_access(client: &kube::Client, pool: &str, host: &str) ->
         )
         .await
         .map(|_| ())
+}
+
+/// How long a pool RoleBinding may wait for a ByoHost to take it over before
+/// [`sweep_orphan_bindings`] removes it. An agent registers within seconds of its enrollment.
+pub const ORPHAN_BINDING_GRACE: Duration = Duration::from_secs(15 * 60);
+/// How often the approver sweeps.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Deletes the pool RoleBindings that no ByoHost took over and whose host has no ByoHost: hosts
+/// enrolled that never registered, or whose ByoHost was deleted before the provider handed it the
+/// binding, so that the garbage collector would never take it. Only bindings as
+/// [`grant_pool_access`] writes them (labelled `app.kubernetes.io/part-of: bootsman`), older than
+/// `grace`, owned by no ByoHost, with no ByoHost of their host in their namespace; each deleted
+/// by uid, so a binding granted again meanwhile stays. In `namespace` only, or in every one.
+/// Returns `namespace/name` of each deleted.
+pub async fn sweep_orphan_bindings(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    grace: Duration,
+    now: Timestamp,
+) -> Result<Vec<String>> {
+    let api = match namespace {
+        Some(ns) => Api::<RoleBinding>::namespaced(client.clone(), ns),
+        None => Api::<RoleBinding>::all(client.clone()),
+    };
+    let all = api
+        .list(&ListParams::default().labels("app.kubernetes.io/part-of=bootsman"))
+        .await
+        .map_err(kerr("list pool RoleBindings"))?;
+    let mut swept = Vec::new();
+    for b in &all.items {
+        let name = b.name_any();
+        let Some(host) = name.strip_prefix(identity::HOST_USER_PREFIX) else {
+            continue;
+        };
+        let old_enough = b.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+            now.as_second() - t.0.as_second() >= i64::try_from(grace.as_secs()).unwrap_or(i64::MAX)
+        });
+        if !is_pool_binding(b, host) || !old_enough || b.owner_references().iter().any(is_host_owner) {
+            continue;
+        }
+        let ns = b.namespace().unwrap_or_default();
+        let registered = Api::<ByoHost>::namespaced(client.clone(), &ns)
+            .get_opt(host)
+            .await
+            .map_err(kerr(format!("read ByoHost {ns}/{host}")))?
+            .is_some();
+        if registered {
+            continue;
+        }
+        let api = Api::<RoleBinding>::namespaced(client.clone(), &ns);
+        match delete_exactly(&api, &name, b.uid()).await {
+            Ok(()) => {
+                tracing::info!(namespace = %ns, %host, "removed the pool RoleBinding of a host that has no ByoHost");
+                swept.push(format!("{ns}/{name}"));
+            }
+            // Granted again since the list: a new uid, not this binding any more.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(kerr(format!("delete RoleBinding {ns}/{name}"))(e)),
+        }
+    }
+    Ok(swept)
 }
 
 /// Why a CSR is denied: `reason` is the CSR condition's reason and the metric label, `message`
@@ -719,14 +838,31 @@ pub async fn run(
         metrics: Metrics::register(metrics.registry())?,
     });
     tracing::info!("host CSR approver running");
-    Controller::new(
+    let sweeper = {
+        let client = client.clone();
+        async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                if let Err(e) =
+                    sweep_orphan_bindings(&client, None, ORPHAN_BINDING_GRACE, Timestamp::now()).await
+                {
+                    tracing::warn!(error = %e, "sweeping the pool RoleBindings of unregistered hosts failed");
+                }
+            }
+        }
+    };
+    let approver = Controller::new(
         Api::<CertificateSigningRequest>::all(client),
         watcher::Config::default(),
     )
     .graceful_shutdown_on(shutdown)
     .run(reconcile, error_policy, ctx)
-    .for_each(|_| async {})
-    .await;
+    .for_each(|_| async {});
+    // The sweeper never ends; the approver ends at shutdown, and the sweeper with it.
+    tokio::select! {
+        () = approver => {}
+        () = sweeper => {}
+    }
     Ok(())
 }
 
@@ -745,15 +881,8 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
     };
     let Request::Enroll { token_id, .. } = &req else {
         if let Request::Renew { host } = &req
-            && !has_pool_access(&ctx.client, host).await?
+            && let Err(d) = check_renewal(&ctx.client, host).await?
         {
-            let d = deny(
-                "HostRemoved",
-                format!(
-                    "host {host:?} has no pool access any more (no RoleBinding {} in any namespace:                      its ByoHost was deleted); enrol it again with `bootsmanctl hosts token`",
-                    pool_binding_name(host)
-                ),
-            );
             return decide(&csr, &ctx, Err(d)).await;
         }
         return decide(&csr, &ctx, Ok(&req)).await;

@@ -11,7 +11,9 @@
 //! CSR approver wrote at enrollment (see [`crate::csr_approver::grant_pool_access`]) gets the
 //! ByoHost as owner (`blockOwnerDeletion: false`), so the garbage collector deletes the binding
 //! with the ByoHost and a deleted host's certificate no longer carries rights in the pool. Only a
-//! binding of that host's user alone is adopted. Field manager `bootsman-provider/host-access`
+//! binding of that host's user alone, owned by no ByoHost yet, is adopted: a binding never moves
+//! to another owner, so a ByoHost deleted and registered again under its name does not inherit
+//! it (the garbage collector takes it). Field manager `bootsman-provider/host-access`
 //! (owns that one owner reference; the approver's apply leaves it alone). Each host is checked
 //! once per process once its binding is owned.
 
@@ -68,7 +70,8 @@ impl AdoptedBindings {
 }
 
 /// Makes the ByoHost the owner of the host's pool RoleBinding, when that binding exists, is the
-/// approver's binding for this host alone, and is not owned by it yet. The write carries the
+/// approver's binding for this host alone, and is owned by no ByoHost yet (a binding never changes
+/// owner). The write carries the
 /// binding's `resourceVersion`, so a binding changed since it was read is not adopted.
 async fn adopt_pool_binding(host: &ByoHost, ctx: &Context, adopted: &AdoptedBindings) -> Result<()> {
     let (Some(uid), Some(ns)) = (host.uid(), host.namespace()) else {
@@ -88,13 +91,20 @@ async fn adopt_pool_binding(host: &ByoHost, ctx: &Context, adopted: &AdoptedBind
         tracing::debug!(namespace = %ns, host = %name, "the host's RoleBinding is not the approver's; not adopted");
         return Ok(());
     }
-    let owned = binding
-        .metadata
-        .owner_references
+    let owners: Vec<_> = binding
+        .owner_references()
         .iter()
-        .flatten()
-        .any(|o| o.uid == uid);
-    if !owned {
+        .filter(|o| csr_approver::is_host_owner(o))
+        .collect();
+    if !owners.is_empty() && !owners.iter().any(|o| o.uid == uid) {
+        // Another ByoHost of this name owns it: one deleted, whose binding the garbage collector
+        // is about to take. A binding never changes owner, or a host re-registered in that window
+        // would keep the rights of the removed one.
+        tracing::warn!(namespace = %ns, host = %name, owner = %owners[0].uid,
+            "the host's pool RoleBinding belongs to an earlier ByoHost of this name; not adopted");
+        return Ok(());
+    }
+    if owners.is_empty() {
         let body = json!({
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",

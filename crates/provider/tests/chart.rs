@@ -549,8 +549,22 @@ async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_clus
         .await
         .expect("the provider binds bootsman:host in a pool");
     let enrolled = env.client_for("byoh:host:h1", &["byoh:hosts"]).await;
-    let identity = renewed_identity(&env, &enrolled, "h1").await;
-    let host = Host::register(identity, &pool, "h1", &[("role", "worker")], true).await;
+    let mut host = Host::register(enrolled.clone(), &pool, "h1", &[("role", "worker")], true).await;
+    // The provider hands the binding to the ByoHost; only then may the host renew.
+    let uid = host.get().await.uid().unwrap();
+    wait_for("the ByoHost to own its pool RoleBinding", WAIT, || async {
+        let rb = Api::<RoleBinding>::namespaced(admin.clone(), &pool)
+            .get("byoh:host:h1")
+            .await
+            .map_err(|e| e.to_string())?;
+        if rb.owner_references().iter().any(|o| o.uid == uid) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", rb.owner_references()))
+        }
+    })
+    .await;
+    host.client = renewed_identity(&env, &enrolled, "h1").await;
 
     // CAPI's objects, written as admin: the Cluster, its ByoCluster and a worker Machine.
     let cluster = create_cluster(&admin, &pool, "c1", false).await;

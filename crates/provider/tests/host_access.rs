@@ -380,3 +380,80 @@ async fn a_binding_shared_with_another_subject_is_not_adopted() {
     assert!(rb.owner_references().is_empty(), "{:?}", rb.owner_references());
     site.stop().await;
 }
+
+/// A pool RoleBinding never changes owner: one still owned by an earlier ByoHost (here a stand-in
+/// for a ByoHost of this name that was deleted, whose binding the garbage collector has not taken
+/// yet) is not handed to the host's new ByoHost, which would keep the removed host's rights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_owned_by_an_earlier_byohost_never_changes_owner() {
+    let name = "h4";
+    let (mut site, identity) = enrolled("host-owner", name).await;
+    let ns = site.ns.clone();
+    let binding = pool_binding_name(name);
+    let mut earlier = ByoHost::new("h4-earlier", ByoHostSpec::default());
+    earlier.metadata.namespace = Some(ns.clone());
+    let earlier = site
+        .byohosts()
+        .create(&PostParams::default(), &earlier)
+        .await
+        .unwrap();
+    let earlier_uid = earlier.uid().unwrap();
+    let owned = json!({"metadata": {"ownerReferences": [{
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "ByoHost",
+        "name": "h4-earlier", "uid": earlier_uid, "blockOwnerDeletion": false}]}});
+    bindings(&site)
+        .patch(&binding, &PatchParams::default(), &Patch::Merge(&owned))
+        .await
+        .unwrap();
+    site.start_provider(site.config()).await;
+    let host = Host::register(identity.clone(), &ns, name, &[], true).await;
+    let uid = host.get().await.uid().unwrap();
+    // The provider has reconciled the host (its phase is written after the binding is looked at).
+    until_phase(&site, name, HostPhase::Available).await;
+    let rb = bindings(&site).get(&binding).await.unwrap();
+    let owners: Vec<&str> = rb.owner_references().iter().map(|o| o.uid.as_str()).collect();
+    assert_eq!(
+        owners,
+        [earlier_uid.as_str()],
+        "the binding moved to ByoHost {uid}"
+    );
+    site.stop().await;
+}
+
+/// A host enrolled but never registered (or whose ByoHost was deleted before the provider handed
+/// it the binding) leaves a binding the garbage collector would never take: the approver's sweep
+/// removes it once it is older than the grace period, and leaves a registered host's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binding_of_a_host_that_never_registered_is_swept() {
+    use bootsman_provider::csr_approver::{ORPHAN_BINDING_GRACE, sweep_orphan_bindings};
+    let (site, identity) = enrolled("host-sweep", "h5").await;
+    let ns = site.ns.clone();
+    grant_pool_access(&site.admin, &ns, "h5-never").await.unwrap();
+    let never = pool_binding_name("h5-never");
+    Host::register(identity, &ns, "h5", &[], true).await;
+    let now = k8s_openapi::jiff::Timestamp::now();
+
+    // Within the grace period nothing goes.
+    let swept = sweep_orphan_bindings(&site.admin, Some(&ns), ORPHAN_BINDING_GRACE, now)
+        .await
+        .unwrap();
+    assert!(swept.is_empty(), "{swept:?}");
+    assert!(bindings(&site).get_opt(&never).await.unwrap().is_some());
+
+    // Past it (a clock an hour ahead), the unregistered host's binding goes, the other stays.
+    let later = now + std::time::Duration::from_secs(3600);
+    let swept = sweep_orphan_bindings(&site.admin, Some(&ns), ORPHAN_BINDING_GRACE, later)
+        .await
+        .unwrap();
+    assert_eq!(swept, [format!("{ns}/{never}")]);
+    assert!(bindings(&site).get_opt(&never).await.unwrap().is_none());
+    assert!(
+        bindings(&site)
+            .get_opt(&pool_binding_name("h5"))
+            .await
+            .unwrap()
+            .is_some(),
+        "the registered host's binding was swept"
+    );
+    site.stop().await;
+}

@@ -13,6 +13,7 @@ use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateS
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
+use serde_json::json;
 
 /// Applies config/rbac (`kubectl apply -k`), as an installation does, once per control plane.
 pub fn apply_host_rbac(env: &TestEnv) {
@@ -185,4 +186,31 @@ pub async fn wait_token_deleted(env: &TestEnv, name: &str) {
 /// A host's user name.
 pub fn host_user(name: &str) -> String {
     identity::host_user(name)
+}
+
+/// Registers host `host` in `pool` with its own `client` (its ByoHost, as its agent does) and
+/// hands it its pool RoleBinding as the provider's host-health controller does (the ByoHost
+/// becomes the binding's owner): the state in which a host may renew its certificate.
+pub async fn register(env: &TestEnv, client: &kube::Client, pool: &str, host: &str) -> String {
+    use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
+    use kube::{Resource, ResourceExt};
+    let mut h = ByoHost::new(host, ByoHostSpec::default());
+    h.metadata.namespace = Some(pool.into());
+    let h = Api::<ByoHost>::namespaced(client.clone(), pool)
+        .create(&PostParams::default(), &h)
+        .await
+        .expect("the host registers its ByoHost");
+    let uid = h.uid().expect("uid");
+    let owner = json!({"metadata": {"ownerReferences": [{
+        "apiVersion": ByoHost::api_version(&()), "kind": ByoHost::kind(&()),
+        "name": host, "uid": uid, "blockOwnerDeletion": false}]}});
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(env.client().await, pool)
+        .patch(
+            &identity::host_user(host),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&owner),
+        )
+        .await
+        .expect("the ByoHost takes over its pool RoleBinding");
+    uid
 }
