@@ -290,8 +290,15 @@ impl Site {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
-        site.wait_hosts_available(plan.hosts.len(), Duration::from_secs(180))
-            .await?;
+        if let Err(e) = site
+            .wait_hosts_available(plan.hosts.len(), Duration::from_secs(180))
+            .await
+        {
+            return Err(Error::Command {
+                what: "host enrolment".into(),
+                detail: format!("{e}\n{}", site.enrolment_report().await),
+            });
+        }
         p.say(&format!("{} ByoHosts Available in pool {POOL}", plan.hosts.len()));
         Ok(site)
     }
@@ -412,6 +419,55 @@ impl Site {
             })
         })
         .await
+    }
+
+    /// For each host of the plan that is not `Available`: its phase, the certificate requests
+    /// it made and the end of its agent's log, which together say where enrolment stopped.
+    pub async fn enrolment_report(&self) -> String {
+        let phases: std::collections::BTreeMap<String, String> = self
+            .byohosts()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .map(|h| {
+                (
+                    h.metadata.name.clone().unwrap_or_default(),
+                    h.data["status"]["phase"].as_str().unwrap_or("-").to_string(),
+                )
+            })
+            .collect();
+        let csrs = self
+            .kubectl(None, &["get", "certificatesigningrequests", "-o", "wide"])
+            .unwrap_or_else(|e| e.to_string());
+        let mut out = String::new();
+        for (name, _) in &self.plan.hosts {
+            match phases.get(name).map(String::as_str) {
+                Some("Available") => continue,
+                Some(phase) => out.push_str(&format!("--- {name}: ByoHost phase {phase}\n")),
+                None => out.push_str(&format!("--- {name}: no ByoHost\n")),
+            }
+            let mine: Vec<&str> = csrs
+                .lines()
+                .filter(|l| l.starts_with(&format!("byoh-host-{name}-")))
+                .collect();
+            out.push_str(&format!(
+                "certificate requests: {}\n",
+                if mine.is_empty() {
+                    "none".to_string()
+                } else {
+                    mine.join("\n")
+                }
+            ));
+            if let Some(h) = self.host(name) {
+                let log = h.log_dir().join("byoh-agent.log");
+                out.push_str(&format!(
+                    "{} (last 12 lines):\n{}\n",
+                    log.display(),
+                    bootsman_testenv::tail(&log, 12)
+                ));
+            }
+        }
+        out
     }
 
     /// Writes the admin kubeconfig of child cluster `name` (from the `<name>-kubeconfig` Secret
