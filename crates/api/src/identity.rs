@@ -5,7 +5,8 @@
 //! token issued by `bootsmanctl hosts token`: the token's Secret `kube-system/bootstrap-token-<id>`
 //! puts it in group `system:bootstrappers:byoh:<pool>` and records the pool in a label (and, optionally, the one
 //! host name it may enrol in an annotation) for the provider's CSR approver reads. The token is spent on first
-//! use: the approver marks it with [`TOKEN_SPENT_BY`] before approving and deletes it after.
+//! use: the approver marks it with [`TOKEN_SPENT_BY`] before approving and deletes it once the host
+//! holds its certificate.
 
 /// Group of every enrolled host (the O of its client certificate).
 pub const HOSTS_GROUP: &str = "byoh:hosts";

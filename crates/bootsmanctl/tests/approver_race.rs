@@ -53,6 +53,15 @@ async fn one_token_enrols_one_host_even_with_two_approvers() {
             "CSR {name} denied for {reason}, not because the token was spent"
         );
     }
-    // The spent token is gone.
+    // The winner registers (it holds its certificate), and the spent token is gone.
+    let i = names
+        .iter()
+        .position(|n| *n == approved[0])
+        .expect("approved CSR");
+    let winner = bootsman_api::v1beta1::ByoHost::new(&format!("racer-{i}"), Default::default());
+    kube::Api::namespaced(env.client().await, &pool)
+        .create(&Default::default(), &winner)
+        .await
+        .expect("register the winner");
     common::wait_token_deleted(env, &token.secret_name()).await;
 }

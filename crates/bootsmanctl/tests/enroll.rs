@@ -13,8 +13,8 @@ use bootsman_testenv::{TestEnv, wait_for};
 use byoh_agent::enroll::{self, Error, Options};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
 use kube::api::PostParams;
+use kube::{Api, ResourceExt};
 
 fn options(env: &TestEnv, host: &str, bootstrap: Option<std::path::PathBuf>) -> Options {
     let state_dir = common::temp_dir(env, "state").join("byoh-agent");
@@ -58,6 +58,20 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
     assert_eq!(mode(&opts.state_dir.join(enroll::KEY_FILE)), 0o600);
     assert_eq!(mode(&opts.state_dir), 0o700);
 
+    // The spent token outlives the approval until the host has registered: the agent reads its
+    // signed request with the token's identity, which must not vanish before it has.
+    let secrets = Api::<Secret>::namespaced(env.client().await, identity::TOKEN_NAMESPACE);
+    let spent = secrets
+        .get_opt(&token.secret_name())
+        .await
+        .expect("read the token Secret")
+        .expect("the spent token is kept until its host registers");
+    assert!(
+        spent.annotations().contains_key(identity::TOKEN_SPENT_BY),
+        "{:?}",
+        spent.annotations()
+    );
+
     // The host may register in its pool, and only there.
     let client =
         kube::Client::try_from(enroll::ensure_identity(&opts).await.expect("identity")).expect("client");
@@ -73,8 +87,8 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
         "{refused:?}"
     );
 
-    // The token is spent: its Secret is gone, so the token no longer even authenticates.
-    let secrets = Api::<Secret>::namespaced(env.client().await, identity::TOKEN_NAMESPACE);
+    // Registered, the host holds its certificate: the spent token's Secret goes, so the token
+    // no longer even authenticates.
     wait_for(
         "the spent token's Secret to be deleted",
         Duration::from_secs(30),

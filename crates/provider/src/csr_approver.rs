@@ -26,8 +26,11 @@
 //! Secret, never from anything the host wrote. A token is spent before the approval: the Secret is
 //! annotated with the CSR (`bootsman.io/spent-by: <name>/<uid>`) by a write preconditioned on its
 //! `resourceVersion`, so of two approvers (or two CSRs) racing, one wins and the other sees a spent
-//! token. After the approval the Secret is deleted. A crash between the steps is safe: the CSR that
-//! spent the token is approved on the next attempt, any other is denied.
+//! token. A crash between the steps is safe: the CSR that spent the token is approved on the next
+//! attempt, any other is denied. The spent Secret is deleted once the host has its certificate
+//! (its ByoHost registered since the approval) or two minutes after the approval, not at once:
+//! the agent reads its signed CSR with the token's identity, and a token gone before the signer
+//! issued the certificate would leave the host unable ever to read it.
 //!
 //! An enrolled host's rights live in its pool only: before approving, the approver binds the
 //! ClusterRole `bootsman:host` to user `byoh:host:<name>` with a RoleBinding in the pool namespace
@@ -874,6 +877,9 @@ fn error_policy(csr: Arc<CertificateSigningRequest>, err: &Error, _: Arc<Ctx>) -
 async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result<Action> {
     let name = csr.name_any();
     let user = csr.spec.username.clone().unwrap_or_default();
+    if approved_at(&csr).is_some() && user.starts_with(identity::BOOTSTRAP_USER_PREFIX) {
+        return retire_spent_token(&csr, &ctx).await;
+    }
     let req = match examine(&csr) {
         Verdict::Ignore => return Ok(Action::await_change()),
         Verdict::Deny(d) => return decide(&csr, &ctx, Err(d)).await,
@@ -936,12 +942,99 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
             Err(e) => return Err(kerr(format!("grant host {host:?} access to pool {pool:?}"))(e)),
         }
     }
-    let action = decide(&csr, &ctx, Ok(&req)).await?;
-    if let Err(e) = delete_exactly(&secrets, &secret_name, secret.uid()).await {
-        // The approval stands; the spent token is denied for any other CSR, and expires anyway.
-        tracing::warn!(token = %secret_name, error = %e, "deleting the spent token failed");
+    decide(&csr, &ctx, Ok(&req)).await?;
+    // The spent token goes once the host holds its certificate (`retire_spent_token`).
+    Ok(Action::requeue(TOKEN_RETIRE_POLL))
+}
+
+/// How long a spent token outlives the approval of the CSR that spent it when nothing shows
+/// that the host has its certificate: the agent reads its CSR with the token at least every
+/// 10 s, so after this it has its certificate or has given up.
+pub const TOKEN_READ_GRACE: Duration = Duration::from_secs(120);
+/// How often an approved enrollment is looked at again until its token is deleted.
+const TOKEN_RETIRE_POLL: Duration = Duration::from_secs(5);
+
+/// When the CSR was approved (the `Approved` condition's `lastUpdateTime`, else
+/// `lastTransitionTime`, else the epoch), if it was.
+fn approved_at(csr: &CertificateSigningRequest) -> Option<Timestamp> {
+    let c = csr
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Approved" && c.status == "True")?;
+    Some(
+        c.last_update_time
+            .as_ref()
+            .or(c.last_transition_time.as_ref())
+            .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
+    )
+}
+
+/// Deletes the bootstrap token an approved enrollment spent, once the host no longer needs it.
+/// The agent reads its CSR, and so its certificate, with the token's identity: a token deleted
+/// the moment the CSR is approved (before the signer has issued the certificate) would leave
+/// the host unable ever to read it. So the token stays, spent (denied for any other CSR),
+/// until the host's ByoHost has been registered since the approval (it has its certificate),
+/// or [`TOKEN_READ_GRACE`] after the approval. A token replacing an existing host waits for
+/// the grace, since that host's ByoHost exists already.
+async fn retire_spent_token(csr: &CertificateSigningRequest, ctx: &Ctx) -> Result<Action> {
+    let user = csr.spec.username.as_deref().unwrap_or_default();
+    let token_id = user.trim_start_matches(identity::BOOTSTRAP_USER_PREFIX);
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), identity::TOKEN_NAMESPACE);
+    let secret_name = identity::token_secret_name(token_id);
+    let Some(secret) = secrets
+        .get_opt(&secret_name)
+        .await
+        .map_err(kerr(format!("read token Secret {secret_name}")))?
+    else {
+        return Ok(Action::await_change());
+    };
+    if secret.annotations().get(identity::TOKEN_SPENT_BY) != Some(&csr_ref(csr)) {
+        return Ok(Action::await_change());
     }
-    Ok(action)
+    let approved = approved_at(csr).unwrap_or(Timestamp::UNIX_EPOCH);
+    let issued = csr
+        .status
+        .as_ref()
+        .and_then(|s| s.certificate.as_ref())
+        .is_some_and(|c| !c.0.is_empty());
+    let annotations = secret.annotations();
+    let replaces = annotations.contains_key(identity::TOKEN_REPLACES);
+    let host = parse_request(&csr.spec.request.0).ok().and_then(|s| {
+        s.common_names
+            .iter()
+            .find_map(|cn| cn.strip_prefix(identity::HOST_USER_PREFIX).map(str::to_string))
+    });
+    let registered = match (
+        issued && !replaces,
+        secret.labels().get(identity::TOKEN_POOL),
+        &host,
+    ) {
+        (true, Some(pool), Some(host)) => Api::<ByoHost>::namespaced(ctx.client.clone(), pool)
+            .get_opt(host)
+            .await
+            .map_err(kerr(format!("read ByoHost {pool}/{host}")))?
+            .and_then(|h| h.metadata.creation_timestamp)
+            .is_some_and(|t| t.0.as_second() >= approved.as_second()),
+        _ => false,
+    };
+    let grace_over = Timestamp::now().as_second() - approved.as_second()
+        >= i64::try_from(TOKEN_READ_GRACE.as_secs()).unwrap_or(i64::MAX);
+    if !registered && !grace_over {
+        return Ok(Action::requeue(TOKEN_RETIRE_POLL));
+    }
+    match delete_exactly(&secrets, &secret_name, secret.uid()).await {
+        Ok(()) => {
+            tracing::info!(csr = %csr.name_any(), token = %secret_name,
+                reason = if registered { "the host registered" } else { "grace over" },
+                "deleted the spent bootstrap token");
+            Ok(Action::await_change())
+        }
+        // The approval stands; the spent token is denied for any other CSR, and expires anyway.
+        Err(e) => Err(kerr(format!("delete the spent token Secret {secret_name}"))(e)),
+    }
 }
 
 /// Deletes object `name` if it is still the one with `uid` (a successor of the same name stays);
