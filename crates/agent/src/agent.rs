@@ -67,20 +67,6 @@ pub enum Error {
         /// Cause.
         source: kube::Error,
     },
-    /// The Lease could not be renewed for longer than it lasts.
-    #[error(
-        "heartbeat lost: the Lease {ns}/{name} could not be renewed for {secs}s (its duration); last error: {last}"
-    )]
-    HeartbeatLost {
-        /// Namespace.
-        ns: String,
-        /// Name.
-        name: String,
-        /// Lease duration.
-        secs: u64,
-        /// Last renewal error.
-        last: String,
-    },
     /// A metric could not be registered.
     #[error("register metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -99,6 +85,8 @@ pub struct AgentMetrics {
     pub renewal_failures: IntCounter,
     /// Unix time of the last successful renewal.
     pub last_renew: IntGauge,
+    /// 1 while the Lease has not been renewed for longer than it lasts (the host shows Offline).
+    pub lost: IntGauge,
 }
 
 impl AgentMetrics {
@@ -131,12 +119,17 @@ impl AgentMetrics {
                 "agent_heartbeat_last_success_timestamp_seconds",
                 "Unix time of the last successful Lease renewal.",
             )?,
+            lost: IntGauge::new(
+                "agent_heartbeat_lost",
+                "1 while the Lease has not been renewed for longer than it lasts.",
+            )?,
         };
         registry.register(Box::new(m.bootstraps.clone()))?;
         registry.register(Box::new(m.resets.clone()))?;
         registry.register(Box::new(m.renewals.clone()))?;
         registry.register(Box::new(m.renewal_failures.clone()))?;
         registry.register(Box::new(m.last_renew.clone()))?;
+        registry.register(Box::new(m.lost.clone()))?;
         Ok(m)
     }
 }
@@ -171,14 +164,21 @@ struct Agent {
     metrics: AgentMetrics,
 }
 
-/// Runs the agent until `stop` fires (Ok) or the heartbeat is lost (Err). `registered` is told
-/// once the ByoHost reports `Registered=True`.
+/// Runs the agent until `stop` fires, or until `restart` fires and the action in progress (a
+/// bootstrap or reset command) has finished. `registered` is told once the ByoHost reports
+/// `Registered=True`.
+///
+/// Nothing but `stop` interrupts a running command: an API server that cannot be reached (the
+/// Lease expires and the host shows `Offline`) or a renewed certificate (`restart`, so the next
+/// run uses the new identity) leave it running to its end, since a half-done `kubeadm join`
+/// cannot be run again. Results are reported once the API server answers again.
 pub async fn run(
     client: kube::Client,
     opts: Options,
     metrics: AgentMetrics,
     registered: watch::Sender<bool>,
     stop: watch::Receiver<bool>,
+    restart: watch::Receiver<bool>,
 ) -> Result<(), Error> {
     let api: Api<ByoHost> = Api::namespaced(client.clone(), &opts.namespace);
     let recorder = Recorder::new(
@@ -204,27 +204,26 @@ pub async fn run(
     registered.send_replace(true);
     tracing::info!(host = %agent.opts.name, namespace = %agent.opts.namespace, "registered");
 
-    let heartbeat = tokio::spawn(agent.clone().heartbeat(leases, stop.clone()));
+    let (done_tx, done_rx) = watch::channel(false);
+    let heartbeat = tokio::spawn(agent.clone().heartbeat(leases, done_rx.clone()));
     let (host_tx, host_rx) = watch::channel::<Option<ByoHost>>(None);
-    let worker = tokio::spawn(agent.clone().work(host_rx, stop.clone()));
-    let watch_task = tokio::spawn(agent.clone().watch(host_tx, stop.clone()));
+    let worker = tokio::spawn(agent.clone().work(host_rx, stop.clone(), restart));
+    let watch_task = tokio::spawn(agent.clone().watch(host_tx, done_rx));
 
+    // The worker returns on `stop` (abandoning a running command, keeping its progress) or on
+    // `restart` once its action is done; heartbeat and watch run until then.
     let mut stopping = stop.clone();
-    let result = tokio::select! {
-        r = heartbeat => match r {
-            Ok(Err(e)) => Err(e),
-            _ => Ok(()),
-        },
-        _ = stopping.wait_for(|s| *s) => Ok(()),
-    };
-    watch_task.abort();
-    if result.is_ok() {
-        // The worker sees the stop too: it abandons a running command and keeps its progress.
-        let _ = tokio::time::timeout(Duration::from_secs(20), worker).await;
-    } else {
-        worker.abort();
+    let mut worker = worker;
+    tokio::select! {
+        _ = &mut worker => {}
+        _ = stopping.wait_for(|s| *s) => {
+            let _ = tokio::time::timeout(Duration::from_secs(20), &mut worker).await;
+        }
     }
-    result
+    let _ = done_tx.send(true);
+    watch_task.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(5), heartbeat).await;
+    Ok(())
 }
 
 impl Agent {
@@ -248,22 +247,31 @@ impl Agent {
         Ok(())
     }
 
-    /// Renews the Lease every interval; fails once it could not for longer than it lasts.
-    async fn heartbeat(
-        self: Arc<Self>,
-        leases: Api<Lease>,
-        mut stop: watch::Receiver<bool>,
-    ) -> Result<(), Error> {
+    /// Renews the Lease every interval until `done`. A Lease that could not be renewed for
+    /// longer than it lasts is reported (log, `agent_heartbeat_lost`) and renewal goes on: the
+    /// agent keeps its work and comes back as soon as the API server answers.
+    async fn heartbeat(self: Arc<Self>, leases: Api<Lease>, mut done: watch::Receiver<bool>) {
         let mut last_ok = Instant::now();
+        let mut lost = false;
         let mut tick = tokio::time::interval(self.opts.heartbeat_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.wait_for(|s| *s) => return Ok(()),
+                _ = done.wait_for(|s| *s) => return,
             }
             match tokio::time::timeout(self.opts.heartbeat_interval, self.renew(&leases)).await {
-                Ok(Ok(())) => last_ok = Instant::now(),
+                Ok(Ok(())) => {
+                    if lost {
+                        tracing::info!(
+                            after_secs = last_ok.elapsed().as_secs(),
+                            "heartbeat restored: the Lease is renewed again"
+                        );
+                        lost = false;
+                        self.metrics.lost.set(0);
+                    }
+                    last_ok = Instant::now();
+                }
                 failed => {
                     let last = match failed {
                         Ok(Err(e)) => e.to_string(),
@@ -271,13 +279,16 @@ impl Agent {
                     };
                     self.metrics.renewal_failures.inc();
                     tracing::warn!(error = %last, "heartbeat renewal failed");
-                    if last_ok.elapsed() > self.lease_duration() {
-                        return Err(Error::HeartbeatLost {
-                            ns: self.opts.namespace.clone(),
-                            name: self.opts.name.clone(),
-                            secs: self.lease_duration().as_secs(),
-                            last,
-                        });
+                    if !lost && last_ok.elapsed() > self.lease_duration() {
+                        lost = true;
+                        self.metrics.lost.set(1);
+                        tracing::error!(
+                            lease = %format!("{}/{}", self.opts.namespace, self.opts.name),
+                            secs = self.lease_duration().as_secs(),
+                            error = %last,
+                            "heartbeat lost: the Lease could not be renewed for longer than it lasts, so the host shows Offline; \
+                             a running bootstrap or reset goes on, and renewal is retried"
+                        );
                     }
                 }
             }
@@ -400,9 +411,19 @@ impl Agent {
     }
 
     /// Acts on the latest ByoHost: bootstrap, reset or nothing. One action at a time.
-    async fn work(self: Arc<Self>, mut rx: watch::Receiver<Option<ByoHost>>, stop: watch::Receiver<bool>) {
+    /// Returns on `stop` (a running command is abandoned, its progress kept) or, between
+    /// actions, on `restart`.
+    async fn work(
+        self: Arc<Self>,
+        mut rx: watch::Receiver<Option<ByoHost>>,
+        stop: watch::Receiver<bool>,
+        mut restart: watch::Receiver<bool>,
+    ) {
         let mut stopping = stop.clone();
         loop {
+            if *restart.borrow() {
+                return;
+            }
             let host = rx.borrow_and_update().clone();
             let retry = match host {
                 Some(h) => match self.act(&h, &stop).await {
@@ -424,6 +445,7 @@ impl Agent {
                 r = rx.changed() => if r.is_err() { return },
                 _ = tokio::time::sleep(pause) => {}
                 _ = stopping.wait_for(|s| *s) => return,
+                _ = restart.wait_for(|s| *s) => return,
             }
         }
     }

@@ -293,8 +293,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             command_timeout: args.command_timeout,
         },
     };
-    // A renewed certificate restarts the protocol with a client of the new identity; the
-    // journal in the state directory carries any bootstrap in progress across.
+    // A renewed certificate restarts the protocol with a client of the new identity once the
+    // action in progress has finished (the old certificate stays valid meanwhile): a running
+    // bootstrap command is never cut short by a renewal.
     let (renewed_tx, mut renewed_rx) = watch::channel(0u64);
     tokio::spawn({
         let enroll_opts = enroll_opts.clone();
@@ -315,31 +316,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     });
     let result = loop {
-        let (run_stop_tx, run_stop_rx) = watch::channel(false);
+        // Marked seen before the watcher below is cloned from it, so that only a renewal after
+        // this point restarts the run.
+        renewed_rx.borrow_and_update();
+        let (restart_tx, restart_rx) = watch::channel(false);
         let forward = tokio::spawn({
-            let mut stop = stop_rx.clone();
             let mut renewed = renewed_rx.clone();
             async move {
-                tokio::select! {
-                    _ = stop.wait_for(|s| *s) => {}
-                    _ = renewed.changed() => {}
+                if renewed.changed().await.is_ok() {
+                    let _ = restart_tx.send(true);
                 }
-                let _ = run_stop_tx.send(true);
             }
         });
-        renewed_rx.borrow_and_update();
         let r = agent::run(
             client.clone(),
             opts.clone(),
             agent_metrics.clone(),
             registered_rx.0.clone(),
-            run_stop_rx,
+            stop_rx.clone(),
+            restart_rx,
         )
         .await;
         forward.abort();
         if r.is_err() || *stop_rx.borrow() || !renewed_rx.has_changed().unwrap_or(false) {
             break r;
         }
+        tracing::info!("continuing with the renewed host certificate");
         client = client_from(&args.kubeconfig).await.context("--kubeconfig")?;
     };
     let _ = registered_rx.1.borrow_and_update();

@@ -1,6 +1,7 @@
 //! The real `byoh-agent` binary against the real control plane: registration with inventory and
-//! labels, the heartbeat Lease, bootstrap data run under `--root`, resume after a kill, reset on
-//! release, and the errors of bad flags.
+//! labels, the heartbeat Lease, bootstrap data run under `--root`, resume after a kill, a
+//! bootstrap that outlasts a lost connection to the API server, reset on release, and the errors
+//! of bad flags.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
@@ -350,6 +351,69 @@ async fn resumes_after(prefix: &str, interrupt: fn(&mut common::Host)) {
     );
     assert_eq!(read(&host.path("run/second.txt")), "x\nx\n");
     assert_eq!(read(&host.path("run/third.txt")), "x\n");
+}
+
+/// The fault of a host cut from the API server for 60 s while a bootstrap command runs, far
+/// longer than its Lease lasts (4 s): the agent keeps running, the command is neither killed nor
+/// run again, it finishes during the outage, and the result is reported once the API server is
+/// reachable again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bootstrap_outlasts_a_60s_cut_from_the_api_server() {
+    let pool = Pool::new("agent-outage").await;
+    let mut host = pool.host("node-o");
+    let api = pool.env.api_url().to_string();
+    let relay = common::Relay::start(api.trim_start_matches("https://"));
+    let kubeconfig = read(&host.kubeconfig).replace(&api, &format!("https://{}", relay.addr));
+    assert!(kubeconfig.contains(&relay.addr.to_string()), "{kubeconfig}");
+    std::fs::write(&host.kubeconfig, kubeconfig).unwrap();
+    std::fs::create_dir_all(host.path("run")).unwrap();
+    host.start(&[]);
+    wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
+    let pid = host.pid();
+    let data = "#cloud-config\nruncmd:\n  - \"echo x >> run/started.txt; while [ ! -e run/go ]; do sleep 0.2; done; echo x >> run/done.txt\"\n  - echo x >> run/after.txt\n";
+    hand_over(&pool, "node-o", "uid-o1", data).await;
+    let started = host.path("run/started.txt");
+    common::eventually("the command starts", || async { started.exists().then_some(()) }).await;
+
+    // The command ends after 20 s (within the agent's 30 s command timeout), the cut after 60.
+    relay.set_cut(true);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(
+        host.is_running(),
+        "the agent exited while cut off:\n{}",
+        host.log()
+    );
+    std::fs::write(host.path("run/go"), "").unwrap();
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert!(
+        host.is_running(),
+        "the agent exited while cut off:\n{}",
+        host.log()
+    );
+    assert_eq!(
+        read(&host.path("run/done.txt")),
+        "x\n",
+        "the command did not finish while cut off"
+    );
+    relay.set_cut(false);
+
+    let h = wait_condition(&pool.hosts(), &host, types::BOOTSTRAP_SUCCEEDED, "True").await;
+    assert_eq!(host.pid(), pid, "the agent was restarted");
+    assert_eq!(
+        read(&started),
+        "x\n",
+        "the command ran twice: {}",
+        message(&h, types::BOOTSTRAP_SUCCEEDED)
+    );
+    assert_eq!(read(&host.path("run/after.txt")), "x\n");
+    let log = host.log();
+    assert!(log.contains("heartbeat lost"), "the loss is not reported:\n{log}");
+    common::eventually("the agent reports its heartbeat restored", || async {
+        host.log().contains("heartbeat restored").then_some(())
+    })
+    .await;
+    let exit = host.terminate();
+    assert!(exit.success(), "{exit:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -248,6 +248,13 @@ impl Host {
         self.child.as_ref().expect("agent running").id()
     }
 
+    /// Whether the agent started last is still running (it has not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().is_ok_and(|s| s.is_none()))
+    }
+
     /// SIGKILL: no chance to clean up.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -357,5 +364,63 @@ where
             "timed out waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A TCP relay in front of the API server that can be cut, as a host's network can: while cut,
+/// every connection through it is closed and new ones are closed as soon as they are accepted.
+pub struct Relay {
+    /// `127.0.0.1:<port>` the relay listens on.
+    pub addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Relay {
+    /// Relays `127.0.0.1:<any port>` to `upstream` (`host:port`).
+    pub fn start(upstream: &str) -> Relay {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let upstream = upstream.to_string();
+        let (c, o) = (cut.clone(), open.clone());
+        std::thread::spawn(move || {
+            for inbound in listener.incoming() {
+                let Ok(inbound) = inbound else { continue };
+                if c.load(Ordering::SeqCst) {
+                    let _ = inbound.shutdown(std::net::Shutdown::Both);
+                    continue;
+                }
+                let Ok(outbound) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (Ok(in2), Ok(out2)) = (inbound.try_clone(), outbound.try_clone()) else {
+                    continue;
+                };
+                {
+                    let mut open = o.lock().unwrap_or_else(|e| e.into_inner());
+                    open.extend([inbound.try_clone(), outbound.try_clone()].into_iter().flatten());
+                }
+                for (mut from, mut to) in [(inbound, outbound), (out2, in2)] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { addr, cut, open }
+    }
+
+    /// Cuts (`true`) or restores (`false`) the connection to the API server.
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::SeqCst);
+        if cut {
+            for s in self.open.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
     }
 }
