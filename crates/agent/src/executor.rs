@@ -8,7 +8,7 @@
 //! condition message. A command that outlives its timeout is killed with its process group.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -184,8 +184,14 @@ impl Executor {
             j.files.push(path.clone());
         }
         self.state.save(j).map_err(|e| e.to_string())?;
+        // Directories get 0755, as cloud-init makes them, whatever the agent's own umask (the
+        // unit's 0077): a key under /etc/kubernetes/pki or /etc/apt/keyrings must stay
+        // reachable by the non-root users that read it.
         for d in &missing {
-            std::fs::create_dir(d)
+            std::fs::DirBuilder::new()
+                .mode(0o755)
+                .create(d)
+                .and_then(|()| std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)))
                 .or_else(|e| if d.is_dir() { Ok(()) } else { Err(e) })
                 .map_err(|e| format!("create directory {}: {e}", d.display()))?;
         }

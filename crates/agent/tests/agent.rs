@@ -212,6 +212,11 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
     );
     let meta = std::fs::metadata(host.path("/etc/kubeadm/deep/nested/plain.conf")).unwrap();
     assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    // The directories it created are 0755, as cloud-init makes them, not the agent's umask 0077.
+    for d in ["/etc/kubeadm", "/etc/kubeadm/deep", "/etc/kubeadm/deep/nested"] {
+        let mode = std::fs::metadata(host.path(d)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o755, "{d} has mode {mode:o}");
+    }
     assert_eq!((meta.uid(), meta.gid()), (1234, 3456));
     let meta = std::fs::metadata(host.path("/etc/base64.txt")).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (1234, 3456));
