@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::cloudinit::{Command, Step, WriteFile};
 use crate::root::Root;
-use crate::state::{Journal, Outcome, StateDir, StateError};
+use crate::state::{Journal, Outcome, Preexisting, StateDir, StateError};
 
 /// Bytes of a command's output kept for messages.
 pub const TAIL_BYTES: usize = 4096;
@@ -181,7 +181,26 @@ impl Executor {
             }
         }
         if !j.files.contains(&path) {
+            // A file that is there already is copied first (content, mode, owner), so a reset
+            // can put it back; a file this bootstrap created is simply removed.
+            if let Ok(meta) = std::fs::symlink_metadata(&path)
+                && meta.is_file()
+            {
+                let dir = self.state.backup_dir(&j.machine_uid);
+                let backup = dir.join(j.preexisting.len().to_string());
+                copy_with_owner(&path, &backup, &meta)
+                    .map_err(|e| format!("keep a copy of {} before writing it: {e}", path.display()))?;
+                j.preexisting.push(Preexisting {
+                    path: path.clone(),
+                    backup,
+                    appended_only: f.append,
+                });
+            }
             j.files.push(path.clone());
+        } else if !f.append
+            && let Some(p) = j.preexisting.iter_mut().find(|p| p.path == path)
+        {
+            p.appended_only = false;
         }
         self.state.save(j).map_err(|e| e.to_string())?;
         // Directories get 0755, as cloud-init makes them, whatever the agent's own umask (the
@@ -305,8 +324,16 @@ impl Executor {
         let journals = self.state.journals().map_err(|e| Err(e.into()))?;
         let mut removed = 0;
         let mut errors = Vec::new();
+        let mut restored = 0;
         for j in &journals {
             for f in &j.files {
+                if let Some(p) = j.preexisting.iter().find(|p| p.path == *f) {
+                    match restore(p) {
+                        Ok(()) => restored += 1,
+                        Err(e) => errors.push(format!("put back {}: {e}", f.display())),
+                    }
+                    continue;
+                }
                 match std::fs::remove_file(f) {
                     Ok(()) => removed += 1,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -329,9 +356,52 @@ impl Executor {
         for j in &journals {
             self.state.remove(&j.machine_uid).map_err(|e| Err(e.into()))?;
         }
-        notes.push(format!("{removed} files removed"));
+        notes.push(format!(
+            "{removed} files removed, {restored} put back as they were"
+        ));
         Ok(notes.join(", "))
     }
+}
+
+/// Copies `from` (whose metadata is `meta`) to `to` with its mode and owner, durably.
+fn copy_with_owner(from: &Path, to: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if let Some(dir) = to.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    std::fs::copy(from, to)?;
+    std::os::unix::fs::chown(to, Some(meta.uid()), Some(meta.gid()))?;
+    std::fs::set_permissions(to, meta.permissions())?;
+    std::fs::File::open(to)?.sync_all()
+}
+
+/// Puts a file the bootstrap changed back as it was: cut back to its old length when the
+/// bootstrap only appended and the old content still begins it, else the whole copy with its
+/// mode and owner. A file removed meanwhile comes back too.
+fn restore(p: &Preexisting) -> std::io::Result<()> {
+    let original = std::fs::read(&p.backup)?;
+    let meta = std::fs::metadata(&p.backup)?;
+    if p.appended_only
+        && let Ok(now) = std::fs::read(&p.path)
+        && now.starts_with(&original)
+    {
+        return std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p.path)?
+            .set_len(u64::try_from(original.len()).unwrap_or(u64::MAX));
+    }
+    let tmp = p.path.with_file_name(format!(
+        ".{}.byoh-restore",
+        p.path
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    ));
+    copy_with_owner(&p.backup, &tmp, &meta)?;
+    std::fs::rename(&tmp, &p.path)
 }
 
 /// Runs `cmd` with stdout and stderr in `log`, under `timeout`, abandoning it when `stop` fires.

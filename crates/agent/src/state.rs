@@ -1,9 +1,10 @@
 //! The agent's state directory (`--state-dir`, default `/var/lib/byoh-agent`).
 //!
 //! One journal per machine uid (`bootstrap/<uid>.json`) records how many steps of that machine's
-//! bootstrap are done, the files and directories it created, and the result once finished. A
-//! restarted agent resumes after the last completed step and never runs a finished bootstrap
-//! again; a reset removes what the journal lists. A step interrupted half way runs again on
+//! bootstrap are done, the files and directories it created, the files it found there before
+//! (with a copy under `backup/<uid>/`), and the result once finished. A restarted agent resumes
+//! after the last completed step and never runs a finished bootstrap again; a reset removes what
+//! the bootstrap created and puts back what it changed. A step interrupted half way runs again on
 //! resume, so every step is recorded as done only after it completed. Every write is atomic
 //! (temporary file, fsync, rename, fsync of the directory).
 
@@ -64,8 +65,26 @@ pub struct Journal {
     pub files: Vec<PathBuf>,
     /// Directories the bootstrap created, outermost first.
     pub dirs: Vec<PathBuf>,
+    /// Files among [`Journal::files`] that existed before the bootstrap first wrote them: a
+    /// reset puts them back as they were instead of removing them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preexisting: Vec<Preexisting>,
     /// Set once the bootstrap finished.
     pub outcome: Option<Outcome>,
+}
+
+/// A file that was there before the bootstrap wrote it, and how to put it back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Preexisting {
+    /// Real path of the file.
+    pub path: PathBuf,
+    /// A copy of the file as it was (content, mode, owner), under the state directory.
+    pub backup: PathBuf,
+    /// Whether the bootstrap only appended to it: a reset then cuts it back to the length the
+    /// copy has, keeping what others changed before, as long as the original is still its
+    /// beginning; otherwise the copy is restored whole.
+    pub appended_only: bool,
 }
 
 /// The state directory.
@@ -95,6 +114,11 @@ impl StateDir {
     /// Where the output of a step of a machine's bootstrap is kept.
     pub fn log_path(&self, uid: &str, step: usize) -> PathBuf {
         self.dir.join("logs").join(format!("{}-{step}.log", safe(uid)))
+    }
+
+    /// Where the copies of files a machine's bootstrap overwrote or appended to are kept.
+    pub fn backup_dir(&self, uid: &str) -> PathBuf {
+        self.dir.join("backup").join(safe(uid))
     }
 
     fn journal_path(&self, uid: &str) -> PathBuf {
@@ -141,6 +165,12 @@ impl StateDir {
         let path = self.journal_path(uid);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("remove", &path)(e)),
+            _ => {}
+        }
+        match std::fs::remove_dir_all(self.backup_dir(uid)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io("remove", &self.backup_dir(uid))(e));
+            }
             _ => {}
         }
         let logs = self.dir.join("logs");

@@ -184,6 +184,11 @@ write_files:
   - path: /etc/appended.txt
     content: "two\n"
     append: true
+  - path: /etc/hosts
+    content: "10.0.0.10 cp.example.internal\n"
+    append: true
+  - path: /etc/containerd/config.toml
+    content: "version = 3\n"
 runcmd:
   - echo "$BYOH_ROOT" > run/root.txt
   - [ sh, -c, "pwd > run/cwd.txt; echo started >> run/count.txt" ]
@@ -200,6 +205,13 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
         "/usr/local/bin/kubeadm",
         "echo \"$@\" >> \"$BYOH_ROOT/run/kubeadm.log\"",
     );
+    // Files of the host that the bootstrap appends to and overwrites.
+    std::fs::write(host.path("/etc/hosts"), "127.0.0.1 localhost\n").unwrap();
+    std::fs::create_dir_all(host.path("/etc/containerd")).unwrap();
+    let config = host.path("/etc/containerd/config.toml");
+    std::fs::write(&config, "version = 2 # the site's own\n").unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&config, Some(1234), Some(3456)).unwrap();
     // As the unit runs it: UMask=0077 for the agent's own files.
     host.start_with_unit_umask(&[]);
     wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
@@ -225,6 +237,11 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
     assert_eq!(read(&host.path("/etc/gz.txt")), "hello gz\n");
     assert_eq!(read(&host.path("/etc/gzip.txt")), "hello gz\n");
     assert_eq!(read(&host.path("/etc/appended.txt")), "one\ntwo\n");
+    assert_eq!(
+        read(&host.path("/etc/hosts")),
+        "127.0.0.1 localhost\n10.0.0.10 cp.example.internal\n"
+    );
+    assert_eq!(read(&config), "version = 3\n");
     let root = std::fs::canonicalize(&host.root).unwrap();
     assert_eq!(read(&host.path("run/root.txt")).trim(), root.to_str().unwrap());
     assert_eq!(read(&host.path("run/cwd.txt")).trim(), root.to_str().unwrap());
@@ -272,6 +289,13 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
     ] {
         assert!(!host.path(f).exists(), "{f} survived the reset");
     }
+    // What was there before is put back: the appended line cut off, the overwritten file
+    // restored with its mode and owner.
+    assert_eq!(read(&host.path("/etc/hosts")), "127.0.0.1 localhost\n");
+    assert_eq!(read(&config), "version = 2 # the site's own\n");
+    let meta = std::fs::metadata(&config).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+    assert_eq!((meta.uid(), meta.gid()), (1234, 3456));
     assert!(
         host.path("/etc/os-release").exists(),
         "reset removed a file bootstrap did not write"
