@@ -44,6 +44,22 @@ pub struct Options {
     pub host_name: String,
     /// How long to wait for the CSR to be approved and signed.
     pub approval_timeout: Duration,
+    /// The lifetime every certificate request asks for (`spec.expirationSeconds`). The
+    /// provider's approver denies a request without one, or with more than its
+    /// `--max-host-certificate-lifetime`; the signer may shorten it further.
+    pub certificate_lifetime: Duration,
+}
+
+/// The lifetime a host certificate asks for by default: 30 days. A host that is switched off
+/// for longer needs a new token to come back.
+pub const DEFAULT_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Name of a new certificate request of `host`: `byoh-host-<host>-<32 random hex digits>`.
+/// Hosts may `get` a request only by its name (they cannot list or watch them), so a name
+/// nobody can guess keeps each host's requests its own.
+pub fn csr_name(host: &str) -> String {
+    let prefix: String = host.chars().take(200).collect();
+    format!("byoh-host-{prefix}-{:032x}", rand::random::<u128>())
 }
 
 /// Why the host has no identity.
@@ -369,7 +385,7 @@ pub async fn ensure_identity(opts: &Options) -> Result<kube::Config, Error> {
 }
 
 /// Renews the certificate now, with the host's own identity and a fresh key; `expiration`
-/// asks the signer for that lifetime (at least 10 minutes).
+/// asks the signer for that lifetime (at least 10 minutes) instead of the configured one.
 pub async fn renew(opts: &Options, expiration: Option<Duration>) -> Result<kube::Config, Error> {
     identity::validate_host_name(&opts.host_name).map_err(|e| Error::Invalid(format!("host name: {e}")))?;
     request(opts, &opts.kubeconfig.clone(), expiration).await
@@ -444,17 +460,17 @@ async fn request(opts: &Options, via: &Path, expiration: Option<Duration>) -> Re
         source,
     })?;
     let csrs = Api::<CertificateSigningRequest>::all(client);
-    let prefix: String = opts.host_name.chars().take(200).collect();
+    let lifetime = expiration.unwrap_or(opts.certificate_lifetime);
     let csr = CertificateSigningRequest {
         metadata: ObjectMeta {
-            generate_name: Some(format!("byoh-host-{prefix}-")),
+            name: Some(csr_name(&opts.host_name)),
             ..ObjectMeta::default()
         },
         spec: CertificateSigningRequestSpec {
             request: ByteString(csr_pem.into_bytes()),
             signer_name: SIGNER.into(),
             usages: Some(vec!["client auth".into()]),
-            expiration_seconds: expiration.map(|d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX)),
+            expiration_seconds: Some(i32::try_from(lifetime.as_secs()).unwrap_or(i32::MAX)),
             ..CertificateSigningRequestSpec::default()
         },
         status: None,
@@ -604,5 +620,23 @@ mod tests {
         let dmeta = std::fs::metadata(dir.join("state")).expect("stat dir");
         assert_eq!(dmeta.permissions().mode() & 0o777, 0o700);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn request_names_are_unguessable_and_valid() {
+        let a = csr_name("web-1");
+        let b = csr_name("web-1");
+        assert_ne!(a, b);
+        let suffix = a.strip_prefix("byoh-host-web-1-").expect("prefix");
+        assert_eq!(suffix.len(), 32, "{a}");
+        assert!(
+            suffix
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+            "{a}"
+        );
+        // The longest host name still gives a valid object name (a DNS subdomain, ≤ 253).
+        let long = csr_name(&"a".repeat(253));
+        assert!(long.len() <= 253, "{}", long.len());
     }
 }

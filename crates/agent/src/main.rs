@@ -62,6 +62,11 @@ struct Args {
     /// How long enrolment waits for the host's certificate request to be approved, e.g. 15m.
     #[arg(long, env = "BYOH_APPROVAL_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     approval_timeout: Duration,
+    /// Lifetime the host's certificate requests ask for, e.g. 720h (30 days, the default). A host
+    /// switched off for longer needs a new token. It may not exceed the provider's
+    /// `--max-host-certificate-lifetime` (30 days by default), else the request is denied.
+    #[arg(long, env = "BYOH_CERTIFICATE_LIFETIME", default_value = "720h", value_parser = parse_lifetime)]
+    certificate_lifetime: Duration,
     /// Log format: json, text, or auto (JSON unless stderr is a terminal).
     #[arg(long, env = "BYOH_LOG_FORMAT", default_value = "auto", value_parser = ["json", "text", "auto"])]
     log_format: String,
@@ -120,6 +125,20 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     if d.is_zero() {
         return Err(format!("{s:?} must be more than zero"));
+    }
+    Ok(d)
+}
+
+/// A certificate lifetime: a duration of at least 10 minutes (the signer's minimum).
+fn parse_lifetime(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(600) {
+        return Err(format!(
+            "{s:?} is shorter than 10m, the shortest certificate the signer issues"
+        ));
+    }
+    if d.as_secs() > i32::MAX as u64 {
+        return Err(format!("{s:?} is longer than expirationSeconds can say"));
     }
     Ok(d)
 }
@@ -241,6 +260,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         bootstrap_kubeconfig: args.bootstrap_kubeconfig.clone(),
         host_name: name.clone(),
         approval_timeout: args.approval_timeout,
+        certificate_lifetime: args.certificate_lifetime,
     };
     let mut client = match identity_valid(&args.kubeconfig) {
         Ok(()) => client_from(&args.kubeconfig).await.context("--kubeconfig")?,

@@ -12,8 +12,9 @@ use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
 use bootsman_testenv::{TestEnv, wait_for};
 use byoh_agent::enroll::{self, Error, Options};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
 fn options(env: &TestEnv, host: &str, bootstrap: Option<std::path::PathBuf>) -> Options {
@@ -24,6 +25,7 @@ fn options(env: &TestEnv, host: &str, bootstrap: Option<std::path::PathBuf>) -> 
         bootstrap_kubeconfig: bootstrap,
         host_name: host.into(),
         approval_timeout: Duration::from_secs(60),
+        certificate_lifetime: enroll::DEFAULT_CERTIFICATE_LIFETIME,
     }
 }
 
@@ -35,6 +37,21 @@ async fn whoami(config: kube::Config) -> (String, Vec<String>) {
         .expect("self subject review");
     let user = review.status.and_then(|s| s.user_info).expect("user info");
     (user.username.unwrap_or_default(), user.groups.unwrap_or_default())
+}
+
+/// CN and validity of the certificate embedded in a host kubeconfig.
+fn certificate_in(kubeconfig: &std::path::Path) -> (String, enroll::Validity) {
+    use base64::Engine as _;
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let data = kc.auth_infos[0]
+        .auth_info
+        .as_ref()
+        .and_then(|a| a.client_certificate_data.clone())
+        .expect("embedded certificate");
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .expect("base64");
+    enroll::read_certificate(&pem).expect("certificate")
 }
 
 fn mode(path: &std::path::Path) -> u32 {
@@ -57,6 +74,14 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
     assert_eq!(mode(&opts.kubeconfig), 0o600);
     assert_eq!(mode(&opts.state_dir.join(enroll::KEY_FILE)), 0o600);
     assert_eq!(mode(&opts.state_dir), 0o700);
+    // The request asked for the agent's lifetime (30 days), not the signer's year.
+    let (_, v) = certificate_in(&opts.kubeconfig);
+    let lifetime = v.not_after - v.not_before;
+    let days30 = i64::try_from(enroll::DEFAULT_CERTIFICATE_LIFETIME.as_secs()).expect("secs");
+    assert!(
+        (days30..=days30 + 300).contains(&lifetime),
+        "lifetime {lifetime}s"
+    );
 
     // The spent token outlives the approval until the host has registered: the agent reads its
     // signed request with the token's identity, which must not vanish before it has.
@@ -124,17 +149,7 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
         .await
         .expect("renewal");
     assert_eq!(whoami(renewed).await.0, "byoh:host:web-1");
-    let kc = kube::config::Kubeconfig::read_from(&opts.kubeconfig).expect("kubeconfig");
-    let data = kc.auth_infos[0]
-        .auth_info
-        .as_ref()
-        .and_then(|a| a.client_certificate_data.clone())
-        .expect("embedded certificate");
-    use base64::Engine as _;
-    let pem = base64::engine::general_purpose::STANDARD
-        .decode(data)
-        .expect("base64");
-    let (cn, v) = enroll::read_certificate(&pem).expect("certificate");
+    let (cn, v) = certificate_in(&opts.kubeconfig);
     assert_eq!(cn, "byoh:host:web-1");
     let lifetime = v.not_after - v.not_before;
     // The signer backdates by up to 5 minutes.
@@ -197,13 +212,7 @@ async fn forged_requests_are_denied_with_a_reason() {
     // With a valid token: extra usages, another signer, a wrong O. Each is denied before the
     // token is spent, so one token serves all three.
     let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, None).await;
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(&bootstrap).expect("bootstrap kubeconfig"),
-        &Default::default(),
-    )
-    .await
-    .expect("config");
-    let token = kube::Client::try_from(config).expect("client");
+    let token = common::client_of(&bootstrap).await;
     let csr = common::submit(&token, good("d"), enroll::SIGNER, &["client auth", "server auth"]).await;
     assert_eq!(common::decision(env, &csr).await, Err("WrongUsages".into()));
     let csr = common::submit(&token, good("d"), "example.com/host-signer", &client_auth).await;
@@ -211,9 +220,78 @@ async fn forged_requests_are_denied_with_a_reason() {
     let wrong_o = common::csr_pem(&common::host_user("d"), &["byoh:admins"]);
     let csr = common::submit(&token, wrong_o, enroll::SIGNER, &client_auth).await;
     assert_eq!(common::decision(env, &csr).await, Err("WrongSubject".into()));
+    // A certificate for the signer's default lifetime (a year), or for longer than 30 days.
+    for lifetime in [None, Some(31 * 24 * 3600)] {
+        let csr = common::submit_for(&token, good("d"), enroll::SIGNER, &client_auth, lifetime).await;
+        assert_eq!(
+            common::decision(env, &csr).await,
+            Err("LifetimeTooLong".into()),
+            "{lifetime:?}"
+        );
+    }
     // And the token is still good for a correct request.
     let csr = common::submit(&token, good("d"), enroll::SIGNER, &client_auth).await;
     assert_eq!(common::decision(env, &csr).await, Ok(()));
+}
+
+/// A host, or a token's holder, reads only the certificate requests it made: it may `get` a
+/// request by its name, which only the requester knows (32 random hex digits), and may neither
+/// list nor watch them to learn the names, pools and certificates of other hosts.
+#[tokio::test]
+async fn a_host_reads_only_its_own_certificate_requests() {
+    let env = TestEnv::shared().await;
+    common::apply_host_rbac(env);
+    common::start_approver(env).await;
+    let pool = env.create_namespace("enroll-csr-reads").await;
+    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some("reader-1")).await;
+    let opts = options(env, "reader-1", Some(bootstrap));
+    let host =
+        kube::Client::try_from(enroll::ensure_identity(&opts).await.expect("enrollment")).expect("client");
+
+    let admin = Api::<CertificateSigningRequest>::all(env.client().await);
+    let own: Vec<String> = admin
+        .list(&ListParams::default())
+        .await
+        .expect("list CSRs as admin")
+        .items
+        .into_iter()
+        .map(|c| c.name_any())
+        .filter(|n| n.starts_with("byoh-host-reader-1-"))
+        .collect();
+    let [own] = own.as_slice() else {
+        panic!("one request of reader-1 expected: {own:?}")
+    };
+    let suffix = own.trim_start_matches("byoh-host-reader-1-");
+    assert!(
+        suffix.len() == 32 && suffix.bytes().all(|b| b.is_ascii_hexdigit()),
+        "the request's name is guessable: {own}"
+    );
+
+    // The host reads its own request by name, but cannot list or watch requests.
+    let as_host = Api::<CertificateSigningRequest>::all(host);
+    as_host.get(own).await.expect("the host reads its own request");
+    let forbidden = |r: Result<(), kube::Error>, what: &str| match r {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => panic!("{what}: {other:?}"),
+    };
+    forbidden(
+        as_host.list(&ListParams::default()).await.map(|_| ()),
+        "a host listed certificate requests",
+    );
+    forbidden(
+        as_host
+            .watch(&kube::api::WatchParams::default(), "0")
+            .await
+            .map(|_| ()),
+        "a host watched certificate requests",
+    );
+    // Nor can a token's holder, before its host is enrolled.
+    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some("reader-2")).await;
+    let as_token = Api::<CertificateSigningRequest>::all(common::client_of(&bootstrap).await);
+    forbidden(
+        as_token.list(&ListParams::default()).await.map(|_| ()),
+        "a token's holder listed certificate requests",
+    );
 }
 
 #[tokio::test]

@@ -48,6 +48,7 @@ async fn the_host_renews_a_short_lived_certificate_once_per_lifetime() {
         bootstrap_kubeconfig: Some(bootstrap),
         host_name: "db-1".into(),
         approval_timeout: Duration::from_secs(60),
+        certificate_lifetime: enroll::DEFAULT_CERTIFICATE_LIFETIME,
     };
     let first = enroll::ensure_identity(&opts).await.expect("enrollment");
     assert_eq!(whoami(first.clone()).await, identity::host_user("db-1"));

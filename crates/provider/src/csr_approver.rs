@@ -17,6 +17,12 @@
 //!   and still holds the pool RoleBinding enrollment gave it, owned by its live ByoHost (not being
 //!   deleted): see [`check_renewal`].
 //!
+//! Every approved CSR asks for a bounded lifetime: `spec.expirationSeconds` must be set and at
+//! most [`Options::max_certificate_lifetime`] (30 days unless configured), else the CSR is denied
+//! with `LifetimeTooLong` ([`check_lifetime`]). Without it the signer would issue for its own
+//! `--cluster-signing-duration`, a year by default, and a stolen or forgotten certificate would
+//! outlive any reasonable rotation.
+//!
 //! A host name is taken once: an enrollment is denied (`NameInUse`) when a ByoHost, a live pool
 //! RoleBinding or an unexpired certificate from another CSR already holds the name, in any pool,
 //! unless its token was issued by `bootsmanctl hosts replace` for that very name and pool
@@ -76,6 +82,24 @@ pub const APPROVED_REASON: &str = "BootsmanHostIdentity";
 pub const HOST_CLUSTER_ROLE: &str = "bootsman:host";
 /// Field manager of the pool RoleBindings the approver writes.
 pub const FIELD_MANAGER: &str = "bootsman-host-csr-approver";
+
+/// How the approver decides.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Longest lifetime a host certificate may ask for (`spec.expirationSeconds`).
+    pub max_certificate_lifetime: Duration,
+}
+
+/// The default [`Options::max_certificate_lifetime`]: 30 days, what the agent asks for by default.
+pub const DEFAULT_MAX_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            max_certificate_lifetime: DEFAULT_MAX_CERTIFICATE_LIFETIME,
+        }
+    }
+}
 
 /// Name of the RoleBinding that gives host `host` its rights in its pool: `byoh:host:<host>`.
 pub fn pool_binding_name(host: &str) -> String {
@@ -561,6 +585,29 @@ pub fn examine(csr: &CertificateSigningRequest) -> Verdict {
     ))
 }
 
+/// Denies a host CSR whose `spec.expirationSeconds` is unset or longer than `max`.
+pub fn check_lifetime(csr: &CertificateSigningRequest, max: Duration) -> Result<(), Denial> {
+    let max_secs = max.as_secs();
+    match csr.spec.expiration_seconds {
+        Some(s) if s > 0 && u64::try_from(s).is_ok_and(|s| s <= max_secs) => Ok(()),
+        Some(s) => Err(deny(
+            "LifetimeTooLong",
+            format!(
+                "spec.expirationSeconds is {s}; a host certificate may live at most {max_secs} \
+                 seconds (the provider's --max-host-certificate-lifetime)"
+            ),
+        )),
+        None => Err(deny(
+            "LifetimeTooLong",
+            format!(
+                "spec.expirationSeconds is not set, so the signer would choose the lifetime (a \
+                 year by default); a host certificate must ask for at most {max_secs} seconds \
+                 (the provider's --max-host-certificate-lifetime)"
+            ),
+        )),
+    }
+}
+
 /// `<name>/<uid>` of a CSR: what a spent token records.
 pub fn csr_ref(csr: &CertificateSigningRequest) -> String {
     format!("{}/{}", csr.name_any(), csr.uid().unwrap_or_default())
@@ -827,6 +874,7 @@ impl Metrics {
 struct Ctx {
     client: kube::Client,
     metrics: Metrics,
+    options: Options,
 }
 
 /// Runs the approver until `shutdown` resolves. Run it under leader election (it spends tokens,
@@ -834,11 +882,13 @@ struct Ctx {
 pub async fn run(
     client: kube::Client,
     metrics: Arc<bootsman_runtime::metrics::Metrics>,
+    options: Options,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         metrics: Metrics::register(metrics.registry())?,
+        options,
     });
     tracing::info!("host CSR approver running");
     let sweeper = {
@@ -885,6 +935,9 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Ctx>) -> Result
         Verdict::Deny(d) => return decide(&csr, &ctx, Err(d)).await,
         Verdict::Admissible(r) => r,
     };
+    if let Err(d) = check_lifetime(&csr, ctx.options.max_certificate_lifetime) {
+        return decide(&csr, &ctx, Err(d)).await;
+    }
     let Request::Enroll { token_id, .. } = &req else {
         if let Request::Renew { host } = &req
             && let Err(d) = check_renewal(&ctx.client, host).await?
@@ -1182,6 +1235,30 @@ mod tests {
         match v {
             Verdict::Deny(d) => d.reason,
             other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lifetimes_are_bounded() {
+        let max = Duration::from_secs(86_400);
+        let mut c = enrolling("h1");
+        let unset = check_lifetime(&c, max).expect_err("no expirationSeconds");
+        assert_eq!(unset.reason, "LifetimeTooLong");
+        assert!(
+            unset.message.contains("spec.expirationSeconds is not set"),
+            "{}",
+            unset.message
+        );
+        for too_long in [86_401, i32::MAX] {
+            c.spec.expiration_seconds = Some(too_long);
+            let d = check_lifetime(&c, max).expect_err("too long");
+            assert!(d.message.contains("at most 86400 seconds"), "{}", d.message);
+        }
+        c.spec.expiration_seconds = Some(-1);
+        assert!(check_lifetime(&c, max).is_err(), "a negative lifetime");
+        for fine in [600, 86_400] {
+            c.spec.expiration_seconds = Some(fine);
+            assert_eq!(check_lifetime(&c, max), Ok(()), "{fine}");
         }
     }
 

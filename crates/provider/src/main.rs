@@ -34,22 +34,34 @@ struct Args {
     /// ones) while leading. Turn off only when another approver decides them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     approve_host_csrs: bool,
+    /// Longest lifetime a host's certificate request may ask for (`spec.expirationSeconds`);
+    /// longer or unbounded requests are denied with `LifetimeTooLong`. At least the agents'
+    /// `--certificate-lifetime` (720h by default).
+    #[arg(long, default_value = "720h", value_parser = parse_duration)]
+    max_host_certificate_lifetime: Duration,
 }
 
-/// The controllers and, when `approve_host_csrs`, the host CSR approver, until `shutdown`.
+/// The controllers and, with `approver` options, the host CSR approver, until `shutdown`.
 async fn run_leading(
     client: kube::Client,
     config: Config,
     metrics: Arc<Metrics>,
-    approve_host_csrs: bool,
+    approver: Option<bootsman_provider::csr_approver::Options>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let shutdown = futures::FutureExt::shared(shutdown);
     let approver = async {
-        if approve_host_csrs {
-            bootsman_provider::csr_approver::run(client.clone(), metrics.clone(), shutdown.clone()).await
-        } else {
-            Ok(())
+        match approver {
+            Some(options) => {
+                bootsman_provider::csr_approver::run(
+                    client.clone(),
+                    metrics.clone(),
+                    options,
+                    shutdown.clone(),
+                )
+                .await
+            }
+            None => Ok(()),
         }
     };
     let (controllers, approver) = tokio::join!(
@@ -100,10 +112,14 @@ async fn main() -> anyhow::Result<()> {
         ..Config::default()
     };
     let metrics = Arc::new(Metrics::new()?);
-    let approve_host_csrs = args.approve_host_csrs;
+    let approver = args
+        .approve_host_csrs
+        .then_some(bootsman_provider::csr_approver::Options {
+            max_certificate_lifetime: args.max_host_certificate_lifetime,
+        });
     let process = args.process.process("bootsman-provider");
     lifecycle::run(client.clone(), process, metrics.clone(), |shutdown| async move {
-        run_leading(client, config, metrics, approve_host_csrs, shutdown)
+        run_leading(client, config, metrics, approver, shutdown)
             .await
             .map_err(Failed)
     })

@@ -369,7 +369,7 @@ async fn start_provider(client: &Client) -> Component {
                 metrics.clone(),
                 shutdown.clone(),
             ),
-            bootsman_provider::csr_approver::run(client, metrics, shutdown),
+            bootsman_provider::csr_approver::run(client, metrics, Default::default(), shutdown),
         );
         controllers.unwrap();
         approver.unwrap();
@@ -412,6 +412,7 @@ async fn renewed_identity(env: &TestEnv, current: &Client, name: &str) -> Client
             request: ByteString(request.into_bytes()),
             signer_name: "kubernetes.io/kube-apiserver-client".into(),
             usages: Some(vec!["client auth".into()]),
+            expiration_seconds: Some(3600),
             ..Default::default()
         },
         status: None,

@@ -28,8 +28,13 @@ pub async fn start_approver(env: &TestEnv) {
     let metrics = Arc::new(bootsman_runtime::metrics::Metrics::new().expect("metrics"));
     let client = env.client().await;
     tokio::spawn(async move {
-        if let Err(e) =
-            bootsman_provider::csr_approver::run(client, metrics, futures::future::pending()).await
+        if let Err(e) = bootsman_provider::csr_approver::run(
+            client,
+            metrics,
+            Default::default(),
+            futures::future::pending(),
+        )
+        .await
         {
             panic!("CSR approver: {e:#}");
         }
@@ -98,6 +103,17 @@ async fn issue(
     (token, path)
 }
 
+/// A client of the kubeconfig at `path` (a bootstrap kubeconfig, say).
+pub async fn client_of(path: &std::path::Path) -> kube::Client {
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(path).expect("kubeconfig"),
+        &Default::default(),
+    )
+    .await
+    .expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
 /// PEM of a request for CN `cn` and O `orgs`.
 pub fn csr_pem(cn: &str, orgs: &[&str]) -> Vec<u8> {
     let mut p = rcgen::CertificateParams::default();
@@ -115,8 +131,19 @@ pub fn csr_pem(cn: &str, orgs: &[&str]) -> Vec<u8> {
         .into_bytes()
 }
 
-/// Submits a CSR as `client`, returning its name.
+/// Submits a CSR as `client` asking for a one-hour certificate, returning its name.
 pub async fn submit(client: &kube::Client, request: Vec<u8>, signer: &str, usages: &[&str]) -> String {
+    submit_for(client, request, signer, usages, Some(3600)).await
+}
+
+/// Submits a CSR as `client` with `spec.expirationSeconds` = `lifetime`, returning its name.
+pub async fn submit_for(
+    client: &kube::Client,
+    request: Vec<u8>,
+    signer: &str,
+    usages: &[&str],
+    lifetime: Option<i32>,
+) -> String {
     let csr = CertificateSigningRequest {
         metadata: ObjectMeta {
             generate_name: Some("test-host-".into()),
@@ -126,6 +153,7 @@ pub async fn submit(client: &kube::Client, request: Vec<u8>, signer: &str, usage
             request: k8s_openapi::ByteString(request),
             signer_name: signer.into(),
             usages: Some(usages.iter().map(|u| u.to_string()).collect()),
+            expiration_seconds: lifetime,
             ..CertificateSigningRequestSpec::default()
         },
         status: None,
