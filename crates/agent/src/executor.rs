@@ -8,7 +8,7 @@
 //! condition message. A command that outlives its timeout is killed with its process group.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -157,6 +157,12 @@ impl Executor {
     /// Writes one file, recording it (and the directories it creates) before touching the disk.
     fn write_file(&self, f: &WriteFile, j: &mut Journal) -> Result<(), String> {
         let path = self.root.resolve(&f.path).map_err(|e| e.to_string())?;
+        // A file reached through a symlink (`/etc/resolv.conf`, say) is recorded, kept and put
+        // back as the file it leads to (inside the root: `resolve` checked); the link stays.
+        let path = match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_symlink() => path.canonicalize().unwrap_or(path),
+            _ => path,
+        };
         let (uid, gid) = match &f.owner {
             Some(o) => {
                 let (u, g) = resolve_owner(self.root.dir(), o)?;
@@ -203,34 +209,20 @@ impl Executor {
             p.appended_only = false;
         }
         self.state.save(j).map_err(|e| e.to_string())?;
-        // Directories get 0755, as cloud-init makes them, whatever the agent's own umask (the
-        // unit's 0077): a key under /etc/kubernetes/pki or /etc/apt/keyrings must stay
-        // reachable by the non-root users that read it.
-        for d in &missing {
-            std::fs::DirBuilder::new()
-                .mode(0o755)
-                .create(d)
-                .and_then(|()| std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)))
-                .or_else(|e| if d.is_dir() { Ok(()) } else { Err(e) })
-                .map_err(|e| format!("create directory {}: {e}", d.display()))?;
-        }
-        // Re-check after creating directories: nothing may have turned into an escape.
-        let path = self.root.resolve(&f.path).map_err(|e| e.to_string())?;
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .append(f.append)
-            .truncate(!f.append)
-            .mode(f.mode)
-            .open(&path)
+        // Opened beneath the root without following a symlink out of it, even one swapped in
+        // since the check above; missing directories get 0755, as cloud-init makes them,
+        // whatever the agent's own umask (the unit's 0077): a key under /etc/kubernetes/pki or
+        // /etc/apt/keyrings must stay reachable by the non-root users that read it.
+        let mut file = self
+            .root
+            .open_for_write(&f.path, f.append, f.mode)
             .map_err(|e| format!("open {}: {e}", path.display()))?;
         file.write_all(&f.content)
             .and_then(|()| file.sync_all())
             .map_err(|e| format!("write {}: {e}", path.display()))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(f.mode))
-            .map_err(|e| format!("set mode of {}: {e}", path.display()))?;
+        // Owner before mode: a chown clears the setuid and setgid bits that the mode may set.
         if uid.is_some() {
-            std::os::unix::fs::chown(&path, uid, gid).map_err(|e| {
+            std::os::unix::fs::fchown(&file, uid, gid).map_err(|e| {
                 format!(
                     "set owner {} of {}: {e}",
                     f.owner.as_deref().unwrap_or_default(),
@@ -238,6 +230,8 @@ impl Executor {
                 )
             })?;
         }
+        file.set_permissions(std::fs::Permissions::from_mode(f.mode))
+            .map_err(|e| format!("set mode of {}: {e}", path.display()))?;
         Ok(())
     }
 

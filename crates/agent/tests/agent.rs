@@ -189,6 +189,12 @@ write_files:
     append: true
   - path: /etc/containerd/config.toml
     content: "version = 3\n"
+  - path: /usr/local/bin/suid-tool
+    content: "echo suid\n"
+    permissions: "4755"
+    owner: "1234:3456"
+  - path: /etc/resolv.conf
+    content: "nameserver 10.0.0.53\n"
 runcmd:
   - echo "$BYOH_ROOT" > run/root.txt
   - [ sh, -c, "pwd > run/cwd.txt; echo started >> run/count.txt" ]
@@ -212,6 +218,10 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
     std::fs::write(&config, "version = 2 # the site's own\n").unwrap();
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::os::unix::fs::chown(&config, Some(1234), Some(3456)).unwrap();
+    // /etc/resolv.conf is a link, as systemd-resolved makes it.
+    std::fs::create_dir_all(host.path("/run/systemd")).unwrap();
+    std::fs::write(host.path("/run/systemd/resolv.conf"), "nameserver 127.0.0.53\n").unwrap();
+    std::os::unix::fs::symlink("../run/systemd/resolv.conf", host.path("/etc/resolv.conf")).unwrap();
     // As the unit runs it: UMask=0077 for the agent's own files.
     host.start_with_unit_umask(&[]);
     wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
@@ -242,6 +252,21 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
         "127.0.0.1 localhost\n10.0.0.10 cp.example.internal\n"
     );
     assert_eq!(read(&config), "version = 3\n");
+    // The owner is set before the mode, so the setuid bit survives the chown.
+    let meta = std::fs::metadata(host.path("/usr/local/bin/suid-tool")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o4755);
+    assert_eq!((meta.uid(), meta.gid()), (1234, 3456));
+    // Written through the link, which stays a link.
+    assert!(
+        std::fs::symlink_metadata(host.path("/etc/resolv.conf"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        read(&host.path("/run/systemd/resolv.conf")),
+        "nameserver 10.0.0.53\n"
+    );
     let root = std::fs::canonicalize(&host.root).unwrap();
     assert_eq!(read(&host.path("run/root.txt")).trim(), root.to_str().unwrap());
     assert_eq!(read(&host.path("run/cwd.txt")).trim(), root.to_str().unwrap());
@@ -293,6 +318,17 @@ async fn bootstrap_writes_files_runs_commands_and_release_resets() {
     // restored with its mode and owner.
     assert_eq!(read(&host.path("/etc/hosts")), "127.0.0.1 localhost\n");
     assert_eq!(read(&config), "version = 2 # the site's own\n");
+    assert!(
+        !host.path("/usr/local/bin/suid-tool").exists(),
+        "suid-tool survived the reset"
+    );
+    assert!(
+        std::fs::symlink_metadata(host.path("/etc/resolv.conf"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(read(&host.path("/etc/resolv.conf")), "nameserver 127.0.0.53\n");
     let meta = std::fs::metadata(&config).unwrap();
     assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
     assert_eq!((meta.uid(), meta.gid()), (1234, 3456));
