@@ -152,7 +152,7 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
 
     let generation = bc.metadata.generation;
     let mut status = bc.status.clone().unwrap_or_default();
-    let violations = validate(&bc.spec);
+    let violations = validate(&bc.name_any(), &bc.spec);
     if !violations.is_empty() {
         let msg = violations
             .iter()

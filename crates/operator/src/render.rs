@@ -377,7 +377,16 @@ pub fn kube_vip_manifest(bc: &BootsmanCluster, image: &str) -> String {
     let env: Vec<Value> = [
         ("vip_arp", "true".to_string()),
         ("port", ep.port.to_string()),
-        ("vip_cidr", "32".to_string()),
+        // The VIP is one address: /32, or /128 for an IPv6 endpoint.
+        (
+            "vip_cidr",
+            if ep.host.parse::<std::net::Ipv6Addr>().is_ok() {
+                "128"
+            } else {
+                "32"
+            }
+            .to_string(),
+        ),
         ("cp_enable", "true".to_string()),
         ("cp_namespace", "kube-system".to_string()),
         ("vip_leaderelection", "true".to_string()),

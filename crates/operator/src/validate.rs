@@ -28,9 +28,33 @@ fn v(field: impl Into<String>, message: impl Into<String>) -> Violation {
     }
 }
 
-/// Every rule `spec` breaks, in field order; empty when the spec is valid.
-pub fn validate(spec: &BootsmanClusterSpec) -> Vec<Violation> {
+/// Longest BootsmanCluster name: `<name>-control-plane` must fit a 63-character label value.
+pub const MAX_NAME: usize = 49;
+
+/// Every rule the BootsmanCluster `name` with `spec` breaks, in field order; empty when valid.
+pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
     let mut out = Vec::new();
+    if name.len() > MAX_NAME {
+        out.push(v(
+            "metadata.name",
+            format!(
+                "metadata.name must be at most {MAX_NAME} characters (it has {}): the kubeadm control \
+                 plane is named <name>-control-plane, and Cluster API puts that name in a label of at \
+                 most 63 characters (rule: cluster-name-length)",
+                name.len()
+            ),
+        ));
+    }
+    for (i, w) in spec.workers.iter().enumerate() {
+        if name.len() + w.name.len() > 62 {
+            out.push(v(
+                format!("spec.workers[{i}].name"),
+                "metadata.name and each spec.workers[].name together must be at most 62 characters: \
+                 the pool's MachineDeployment is named <name>-<pool>, and Cluster API puts that name \
+                 in a label of at most 63 characters (rule: worker-pool-name-length)",
+            ));
+        }
+    }
     if !is_version(&spec.kubernetes_version) {
         out.push(v(
             "spec.kubernetesVersion",
@@ -102,8 +126,26 @@ pub fn validate(spec: &BootsmanClusterSpec) -> Vec<Violation> {
             "network.serviceCIDR must be a CIDR such as 10.96.0.0/12 (rule: service-cidr-format)",
         ));
     }
+    if let Some(s) = svc
+        && s.prefix < if s.addr.is_ipv4() { 12 } else { 108 }
+    {
+        out.push(v(
+            "spec.network.serviceCIDR",
+            "network.serviceCIDR may be at most a /12 (IPv4) or a /108 (IPv6): kube-apiserver \
+             refuses larger service ranges (rule: service-cidr-size)",
+        ));
+    }
     if let (Some(p), Some(s)) = (pod, svc)
-        && (p.contains(&s.addr) || s.contains(&p.addr))
+        && p.addr.is_ipv4() != s.addr.is_ipv4()
+    {
+        out.push(v(
+            "spec.network",
+            "network.podCIDR and network.serviceCIDR must be of one address family; dual-stack is \
+             not supported (rule: network-cidrs-same-family)",
+        ));
+    }
+    if let (Some(p), Some(s)) = (pod, svc)
+        && p.overlaps(&s)
     {
         out.push(v(
             "spec.network",
@@ -160,6 +202,14 @@ pub fn validate(spec: &BootsmanClusterSpec) -> Vec<Violation> {
             "metallb.enabled needs at least one bgpPeers entry and one addressPools entry (rule: metallb-bgp-config)",
         ));
     }
+    for (i, peer) in mlb.bgp_peers.iter().enumerate() {
+        if peer.peer_address.parse::<IpAddr>().is_err() {
+            out.push(v(
+                format!("spec.loadBalancer.metallb.bgpPeers[{i}].peerAddress"),
+                "bgpPeers[].peerAddress must be an IP address such as 10.0.0.1 (rule: metallb-peer-address)",
+            ));
+        }
+    }
     let pool_names: Vec<&str> = mlb.address_pools.iter().map(|p| p.name.as_str()).collect();
     check_names(
         &mut out,
@@ -168,7 +218,68 @@ pub fn validate(spec: &BootsmanClusterSpec) -> Vec<Violation> {
         "address pool name must be a DNS-1123 label (rule: address-pool-name-dns1123)",
         "address pool names must be unique (rule: address-pool-names-unique)",
     );
+    let endpoint = cp.endpoint.host.parse::<IpAddr>().ok();
+    for (i, pool) in mlb.address_pools.iter().enumerate() {
+        let field = format!("spec.loadBalancer.metallb.addressPools[{i}].addresses");
+        if pool.addresses.is_empty() {
+            out.push(v(
+                &field,
+                "an address pool needs at least one addresses entry (rule: address-pool-addresses)",
+            ));
+        }
+        for a in &pool.addresses {
+            let overlaps = match (parse_cidr(a), parse_range(a)) {
+                (Some(c), _) => {
+                    [pod, svc].iter().flatten().any(|n| n.overlaps(&c))
+                        || endpoint.is_some_and(|ip| c.contains(&ip))
+                }
+                (None, Some((first, last))) => {
+                    // Not expressible in the CRD: CEL cannot compare addresses.
+                    if first > last {
+                        out.push(v(
+                            &field,
+                            format!(
+                                "{a:?}: a range must go from the lower address to the higher \
+                                 (rule: address-pool-range-order)"
+                            ),
+                        ));
+                    }
+                    [first, last]
+                        .iter()
+                        .any(|e| [pod, svc].iter().flatten().any(|n| n.contains(e)) || Some(*e) == endpoint)
+                }
+                (None, None) => {
+                    out.push(v(
+                        &field,
+                        format!(
+                            "{a:?}: each addresses entry must be a CIDR such as 10.0.10.0/24 or a range \
+                             first-last of two IP addresses of one family, such as 10.0.10.5-10.0.10.9 \
+                             (rule: address-pool-addresses)"
+                        ),
+                    ));
+                    false
+                }
+            };
+            if overlaps {
+                out.push(v(
+                    &field,
+                    format!(
+                        "{a:?} overlaps network.podCIDR, network.serviceCIDR or the control-plane \
+                         endpoint; service IPs must come from the hosts' network, apart from both \
+                         (rule: address-pool-overlap)"
+                    ),
+                ));
+            }
+        }
+    }
     out
+}
+
+/// `first-last`: two IP addresses of one family (spaces around either allowed).
+fn parse_range(s: &str) -> Option<(IpAddr, IpAddr)> {
+    let (a, b) = s.split_once('-')?;
+    let (a, b): (IpAddr, IpAddr) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    (a.is_ipv4() == b.is_ipv4()).then_some((a, b))
 }
 
 /// Each name must be a DNS-1123 label and unique within `names`.
@@ -234,6 +345,11 @@ struct Cidr {
 }
 
 impl Cidr {
+    /// Whether the two blocks share an address (one holds the other).
+    fn overlaps(&self, other: &Cidr) -> bool {
+        self.contains(&other.addr) || other.contains(&self.addr)
+    }
+
     fn contains(&self, ip: &IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(n), IpAddr::V4(a)) => {
@@ -271,7 +387,7 @@ mod tests {
     }
 
     fn rules(spec: &BootsmanClusterSpec) -> Vec<String> {
-        validate(spec)
+        validate("demo", spec)
             .into_iter()
             .map(|v| {
                 v.message
@@ -286,7 +402,7 @@ mod tests {
 
     #[test]
     fn sample_is_valid() {
-        assert!(validate(&sample()).is_empty());
+        assert!(validate("demo", &sample()).is_empty());
     }
 
     #[test]

@@ -234,13 +234,19 @@ async fn a_rule_only_the_operator_checks_stalls_without_applying() {
     let op = Operator::start(env, &ns).await;
     let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
     let mut bc = sample(&ns);
-    bc.spec.control_plane.endpoint.host = "10.96.0.1".into(); // inside serviceCIDR
+    // A range from the higher address to the lower: CEL cannot compare addresses.
+    bc.spec.load_balancer.metallb = serde_json::from_value(serde_json::json!({
+        "enabled": true,
+        "bgpPeers": [{"peerAddress": "10.0.0.1", "peerASN": 64500, "myASN": 64501}],
+        "addressPools": [{"name": "lb", "addresses": ["10.0.10.9-10.0.10.5"]}],
+    }))
+    .unwrap();
     api.create(&PostParams::default(), &bc).await.unwrap();
     let got = wait_condition(&api, "demo", "Stalled", "True").await;
     let st = got.status.unwrap();
     let c = st.conditions.iter().find(|c| c.type_ == "Stalled").unwrap();
     assert!(
-        c.message.contains("rule: endpoint-outside-cluster-networks"),
+        c.message.contains("rule: address-pool-range-order"),
         "{}",
         c.message
     );

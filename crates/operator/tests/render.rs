@@ -16,7 +16,7 @@ fn check(case: &str) {
     let input = std::fs::read_to_string(dir.join("input.yaml")).unwrap();
     let bc: BootsmanCluster = serde_saphyr::from_str(&input).unwrap();
     assert_eq!(
-        bootsman_operator::validate::validate(&bc.spec),
+        bootsman_operator::validate::validate(bc.metadata.name.as_deref().unwrap_or_default(), &bc.spec),
         vec![],
         "fixture {case} is a valid spec"
     );

@@ -22,6 +22,16 @@ use serde::{Deserialize, Serialize};
     label("clusterctl.cluster.x-k8s.io", ""),
     doc = "A Kubernetes cluster built from hosts of the pool, managed by the Bootsman operator.",
     derive = "PartialEq",
+    validation = Rule::new("size(self.metadata.name) <= 49").message(
+        "metadata.name must be at most 49 characters: the kubeadm control plane is named \
+         <name>-control-plane, and Cluster API puts that name in a label of at most 63 characters \
+         (rule: cluster-name-length)"
+    ),
+    validation = Rule::new("self.spec.workers.all(w, size(self.metadata.name) + size(w.name) <= 62)").message(
+        "metadata.name and each spec.workers[].name together must be at most 62 characters: the \
+         pool's MachineDeployment is named <name>-<pool>, and Cluster API puts that name in a label \
+         of at most 63 characters (rule: worker-pool-name-length)"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.kubernetesVersion"),
     printcolumn(
@@ -60,6 +70,14 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("self.workers.map(w, w.replicas).sum() >= 3")
     .message("the worker pools must have at least 3 replicas in total (rule: worker-replicas-min-3)")
     .field_path(".workers"))]
+#[x_kube(validation = Rule::new(ENDPOINT_OUTSIDE_CLUSTER_NETWORKS).message(
+    "controlPlane.endpoint.host lies inside network.podCIDR or network.serviceCIDR; the endpoint \
+     must be an address on the hosts' network (rule: endpoint-outside-cluster-networks)"
+))]
+#[x_kube(validation = Rule::new(ADDRESS_POOLS_OUTSIDE_CLUSTER).message(
+    "a metallb address pool overlaps network.podCIDR, network.serviceCIDR or the control-plane \
+     endpoint; service IPs must come from the hosts' network, apart from both (rule: address-pool-overlap)"
+))]
 #[serde(rename_all = "camelCase")]
 pub struct BootsmanClusterSpec {
     /// Kubernetes version of the child cluster, `vX.Y.Z` (e.g. `v1.33.4`). It may go up (an
@@ -150,6 +168,36 @@ pub struct Nodes {
     .message("each ignorePreflightErrors entry must name one kubeadm preflight check, e.g. NumCPU; 'all' is refused (rule: preflight-check-names)"))]
     pub ignore_preflight_errors: Vec<String>,
 }
+
+/// CEL (on the spec): an endpoint given as an IP address lies in neither cluster network.
+const ENDPOINT_OUTSIDE_CLUSTER_NETWORKS: &str = concat!(
+    "!isIP(self.controlPlane.endpoint.host) || (",
+    "(!isCIDR(self.network.podCIDR) || !cidr(self.network.podCIDR).containsIP(self.controlPlane.endpoint.host)) && ",
+    "(!isCIDR(self.network.serviceCIDR) || !cidr(self.network.serviceCIDR).containsIP(self.controlPlane.endpoint.host)))"
+);
+
+/// CEL (on the spec): no MetalLB address pool entry overlaps a cluster network or holds the
+/// endpoint. A CIDR entry is compared whole; a `first-last` range by its two ends.
+const ADDRESS_POOLS_OUTSIDE_CLUSTER: &str = concat!(
+    "self.loadBalancer.metallb.addressPools.all(p, p.addresses.all(a, ",
+    // a CIDR entry against each network and the endpoint
+    "(!isCIDR(a) || (",
+    "(!isCIDR(self.network.podCIDR) || (!cidr(a).containsCIDR(self.network.podCIDR) && !cidr(self.network.podCIDR).containsCIDR(a))) && ",
+    "(!isCIDR(self.network.serviceCIDR) || (!cidr(a).containsCIDR(self.network.serviceCIDR) && !cidr(self.network.serviceCIDR).containsCIDR(a))) && ",
+    "(!isIP(self.controlPlane.endpoint.host) || !cidr(a).containsIP(self.controlPlane.endpoint.host)))) && ",
+    // a range's two ends against each network, and the endpoint against the ends
+    "(isCIDR(a) || !a.matches('^[^-]+-[^-]+$') || a.split('-').all(e, ",
+    "(!isCIDR(self.network.podCIDR) || !isIP(e.trim()) || !cidr(self.network.podCIDR).containsIP(e.trim())) && ",
+    "(!isCIDR(self.network.serviceCIDR) || !isIP(e.trim()) || !cidr(self.network.serviceCIDR).containsIP(e.trim())) && ",
+    "e.trim() != self.controlPlane.endpoint.host))))"
+);
+
+/// CEL (on an address list): each entry a CIDR or `first-last` of two IPs of one family.
+const ADDRESS_FORMAT: &str = concat!(
+    "self.all(a, isCIDR(a) || (a.matches('^[^-]+-[^-]+$') && ",
+    "isIP(a.split('-')[0].trim()) && isIP(a.split('-')[1].trim()) && ",
+    "ip(a.split('-')[0].trim()).family() == ip(a.split('-')[1].trim()).family()))"
+);
 
 /// CEL: the new `vX.Y.Z` is not lower than the old one (skipped when either is malformed, which
 /// the format rule reports).
@@ -245,6 +293,10 @@ pub struct WorkerPool {
     "!isCIDR(self.podCIDR) || !isCIDR(self.serviceCIDR) || \
      (!cidr(self.podCIDR).containsCIDR(self.serviceCIDR) && !cidr(self.serviceCIDR).containsCIDR(self.podCIDR))"
 ).message("network.podCIDR and network.serviceCIDR must not overlap (rule: network-cidrs-disjoint)"))]
+#[x_kube(validation = Rule::new(
+    "!isCIDR(self.podCIDR) || !isCIDR(self.serviceCIDR) || \
+     cidr(self.podCIDR).ip().family() == cidr(self.serviceCIDR).ip().family()"
+).message("network.podCIDR and network.serviceCIDR must be of one address family; dual-stack is not supported (rule: network-cidrs-same-family)"))]
 pub struct Network {
     /// The CNI plugin: `cilium` (the default; installed as a Helm chart through the Cluster API
     /// add-on provider for Helm, replacing kube-proxy) or `kube-router` (installed from plain
@@ -263,6 +315,10 @@ pub struct Network {
     #[schemars(length(max = 64))]
     #[x_kube(validation = Rule::new("isCIDR(self)")
         .message("network.serviceCIDR must be a CIDR such as 10.96.0.0/12 (rule: service-cidr-format)"))]
+    #[x_kube(validation = Rule::new(
+        "!isCIDR(self) || cidr(self).prefixLength() >= (cidr(self).ip().family() == 4 ? 12 : 108)"
+    )
+    .message("network.serviceCIDR may be at most a /12 (IPv4) or a /108 (IPv6): kube-apiserver refuses larger service ranges (rule: service-cidr-size)"))]
     pub service_cidr: String,
     /// kube-proxy settings (with `cni: kube-router`; Cilium replaces kube-proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -402,9 +458,11 @@ pub struct MetalLb {
     #[serde(default)]
     #[schemars(length(max = 16))]
     pub bgp_peers: Vec<BgpPeer>,
-    /// Address pools MetalLB assigns service IPs from.
+    /// Address pools MetalLB assigns service IPs from; names unique.
     #[serde(default)]
     #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(p, self.exists_one(x, x.name == p.name))")
+        .message("address pool names must be unique (rule: address-pool-names-unique)"))]
     pub address_pools: Vec<AddressPool>,
 }
 
@@ -420,10 +478,13 @@ pub enum MetalLbMode {
 }
 
 /// A BGP router the cluster nodes peer with.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BgpPeer {
     /// IP address of the router.
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("isIP(self)")
+        .message("bgpPeers[].peerAddress must be an IP address such as 10.0.0.1 (rule: metallb-peer-address)"))]
     pub peer_address: String,
     /// Autonomous system number of the router.
     #[serde(rename = "peerASN")]
@@ -437,12 +498,21 @@ pub struct BgpPeer {
 }
 
 /// A pool of service IPs.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AddressPool {
-    /// Name of the pool.
+    /// Name of the pool: a DNS-1123 label (it names MetalLB's IPAddressPool).
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')")
+        .message("address pool name must be a DNS-1123 label (rule: address-pool-name-dns1123)"))]
     pub name: String,
-    /// CIDRs or `first-last` ranges of addresses.
+    /// CIDRs (`10.0.10.0/24`) or `first-last` ranges (`10.0.10.5-10.0.10.9`) of addresses, of
+    /// one family each; at least one.
+    #[schemars(length(min = 1, max = 8), inner(length(max = 64)))]
+    #[x_kube(validation = Rule::new(ADDRESS_FORMAT).message(
+        "each addresses entry must be a CIDR such as 10.0.10.0/24 or a range first-last of two IP \
+         addresses of one family, such as 10.0.10.5-10.0.10.9 (rule: address-pool-addresses)"
+    ))]
     pub addresses: Vec<String>,
     /// Whether services get addresses from this pool without asking for it by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
