@@ -109,20 +109,10 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     Ok((k.to_string(), v.to_string()))
 }
 
-/// Parses `500ms`, `90s`, `15m`, `1h` or a plain number of seconds.
+/// A duration of more than zero (`bootsman_runtime::duration`: `500ms`, `90s`, `15m`, `1h30m`,
+/// `2d`, or plain seconds).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let i = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(i);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration such as 10s, 15m or 1h"))?;
-    let d = match unit {
-        "" | "s" => Duration::from_secs(n),
-        "ms" => Duration::from_millis(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("{s:?}: the unit must be ms, s, m or h")),
-    };
+    let d = bootsman_runtime::duration::parse(s)?;
     if d.is_zero() {
         return Err(format!("{s:?} must be more than zero"));
     }

@@ -71,21 +71,9 @@ async fn run_leading(
     controllers.and(approver)
 }
 
-/// Parses `90s`, `15m`, `1h` or a plain number of seconds.
+/// A duration flag (`bootsman_runtime::duration`: `90s`, `15m`, `1h30m`, `2d`, plain seconds).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration such as 90s, 15m or 1h"))?;
-    let secs = match unit {
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        _ => return Err(format!("{s:?}: the unit must be s, m or h")),
-    };
-    Ok(Duration::from_secs(secs))
+    bootsman_runtime::duration::parse(s)
 }
 
 /// The client of the infrastructure cluster. A stalled connection fails the request after

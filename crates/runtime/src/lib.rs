@@ -3,10 +3,12 @@
 //! What every Bootsman binary shares: structured logging ([`telemetry`]), one Prometheus registry
 //! with reconcile metrics ([`metrics`]), the `/livez` `/readyz` `/metrics` server ([`server`]),
 //! Lease-based leader election ([`leader`]), the condition arithmetic that keeps
-//! `lastTransitionTime` stable ([`conditions`]) and server-side-apply helpers ([`ssa`]).
+//! `lastTransitionTime` stable ([`conditions`]), server-side-apply helpers ([`ssa`]) and the
+//! duration syntax of every flag ([`duration`]).
 //! Depends on nothing of ours.
 
 pub mod conditions;
+pub mod duration;
 mod error;
 pub mod leader;
 pub mod lifecycle;
