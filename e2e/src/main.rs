@@ -35,7 +35,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bootsman_lab::demo::{child_client, condition_true, node_ready, ready_nodes};
-use bootsman_lab::site::{POOL, Progress, Site, SitePlan, byohost_resource, lab_cluster, until};
+use bootsman_lab::site::{
+    DISK_RESERVE, POOL, Progress, Site, SitePlan, byohost_resource, lab_cluster, until,
+};
 use bootsman_lab::{Error, Result, ns};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
@@ -368,6 +370,7 @@ impl E2e {
                 )));
             }
         }
+        self.check_kubelet_settings(&nodes.items)?;
         let json = self
             .site
             .kubectl(Some(&self.child), &["get", "nodes", "-o", "json"])?;
@@ -379,7 +382,7 @@ impl E2e {
             .wait_pods_running("kube-system", "k8s-app=kube-dns", 1, Duration::from_secs(180))
             .await?;
         Ok(format!(
-            "3 + 3 Nodes Ready on containerd ({}), etcd members {members:?}, CoreDNS Running on {dns:?}; nodes.json written",
+            "3 + 3 Nodes Ready on containerd ({}), no disk pressure, kubelets on the cluster's thresholds (nodefs/imagefs {DISK_RESERVE}), etcd members {members:?}, CoreDNS Running on {dns:?}; nodes.json written",
             nodes
                 .items
                 .first()
@@ -391,6 +394,48 @@ impl E2e {
                     .map(|i| i.container_runtime_version.clone()))
                 .unwrap_or_default()
         ))
+    }
+
+    /// `spec.nodes.kubelet` reached every kubelet: its running configuration (the kubelet's
+    /// `/configz`, through the child's API server) holds the lab's disk thresholds, and no Node
+    /// reports disk pressure.
+    fn check_kubelet_settings(&self, nodes: &[Node]) -> Result<()> {
+        for n in nodes {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            if let Some(c) = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "DiskPressure"))
+                && c.status != "False"
+            {
+                return Err(fail(format!(
+                    "Node {name} reports DiskPressure={}: {}",
+                    c.status,
+                    c.message.as_deref().unwrap_or_default()
+                )));
+            }
+            let raw = self.site.kubectl(
+                Some(&self.child),
+                &["get", "--raw", &format!("/api/v1/nodes/{name}/proxy/configz")],
+            )?;
+            let config: Value =
+                serde_json::from_str(&raw).map_err(|e| fail(format!("configz of {name} {raw:?}: {e}")))?;
+            let config = &config["kubeletconfig"];
+            let eviction = &config["evictionHard"];
+            if eviction["nodefs.available"] != DISK_RESERVE
+                || eviction["imagefs.available"] != DISK_RESERVE
+                || eviction["memory.available"] != "100Mi"
+                || config["imageGCHighThresholdPercent"] != 100
+            {
+                return Err(fail(format!(
+                    "the kubelet of {name} runs with evictionHard {eviction} and \
+                     imageGCHighThresholdPercent {}, not the cluster's spec.nodes.kubelet",
+                    config["imageGCHighThresholdPercent"]
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Names of the started etcd members, asked of etcd on a control-plane host through its

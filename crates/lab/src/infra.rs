@@ -23,7 +23,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::error::{Error, Result, io};
-use crate::site::until;
+use crate::site::{DISK_RESERVE, until};
 use crate::{Lab, LabHost, net};
 
 /// Label on the infrastructure node.
@@ -102,21 +102,26 @@ impl InfraNode {
         write_in(
             &host,
             "/var/lib/kubelet/config.yaml",
-            "apiVersion: kubelet.config.k8s.io/v1beta1
+            &format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: cgroupfs
 failSwapOn: false
 failCgroupV1: false
+evictionHard: {{memory.available: 100Mi, nodefs.available: {DISK_RESERVE}, nodefs.inodesFree: 5%, imagefs.available: {DISK_RESERVE}, imagefs.inodesFree: 5%}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 95
 staticPodPath: /etc/kubernetes/manifests
 clusterDomain: cluster.local
 rotateCertificates: false
 authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: false}
-  x509: {clientCAFile: /etc/kubernetes/pki/ca.crt}
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+  x509: {{clientCAFile: /etc/kubernetes/pki/ca.crt}}
 authorization:
   mode: AlwaysAllow
-",
+"
+            ),
         )?;
         write_in(
             &host,

@@ -573,11 +573,17 @@ fn service_account_kubeconfig(env: &TestEnv, lab: &Lab, sa: &str) -> Result<Path
     Ok(path)
 }
 
+/// Free disk a lab host's kubelet insists on before it reports disk pressure. Lab hosts share the
+/// machine's disk with everything else on it, so the kubelet's percentage thresholds (10 % and
+/// 15 % of the whole disk) would taint every node on a machine whose disk is merely well used.
+pub const DISK_RESERVE: &str = "2Gi";
+
 /// The sample BootsmanCluster (`config/samples/bootsmancluster.yaml`) with what a lab site
 /// differs in: the version of the lab's kubelet and kubeadm, the lab registry as image
 /// repository, HAProxy as the endpoint's external load balancer, kube-router as the CNI (the
 /// Cluster API add-on provider for Helm, which installs Cilium, Longhorn and ingress-nginx, is
-/// not obtainable here), and this machine's cgroup v1. Returns the object and a line per change.
+/// not obtainable here), this machine's cgroup v1, and disk thresholds of [`DISK_RESERVE`].
+/// Returns the object and a line per change.
 pub fn lab_cluster(version: &str) -> Result<(Value, Vec<String>)> {
     let path = bootsman_testenv::repo_root().join("config/samples/bootsmancluster.yaml");
     let text = std::fs::read_to_string(&path).map_err(io("read", &path))?;
@@ -637,6 +643,15 @@ pub fn lab_cluster(version: &str) -> Result<(Value, Vec<String>)> {
         "a Helm chart: needs the add-on provider",
     );
     set("nodes/allowCgroupV1", json!(true), "this machine runs cgroup v1");
+    set(
+        "nodes/kubelet",
+        json!({
+            "evictionHard": {"nodefs.available": DISK_RESERVE, "imagefs.available": DISK_RESERVE},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 95,
+        }),
+        "lab hosts share this machine's disk: how full it is says nothing about them",
+    );
     Ok((bc, changes))
 }
 
@@ -675,8 +690,12 @@ mod tests {
         assert_eq!(bc["spec"]["controlPlane"]["endpoint"]["loadBalancer"], "external");
         assert_eq!(bc["spec"]["network"]["cni"], "kube-router");
         assert_eq!(bc["spec"]["imageRepository"], "172.31.77.1:5000");
-        assert_eq!(changes.len(), 9);
+        assert_eq!(changes.len(), 10);
         let typed: bootsman_api::v1alpha1::BootsmanCluster = serde_json::from_value(bc).unwrap();
         assert!(typed.spec.nodes.allow_cgroup_v1);
+        assert_eq!(
+            typed.spec.nodes.kubelet.eviction_hard["nodefs.available"],
+            DISK_RESERVE
+        );
     }
 }

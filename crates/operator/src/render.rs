@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 
 use bootsman_api::labels;
-use bootsman_api::v1alpha1::{BootsmanCluster, Cni, EndpointLoadBalancer, Nodes};
+use bootsman_api::v1alpha1::{BootsmanCluster, Cni, DEFAULT_EVICTION_HARD, EndpointLoadBalancer, Nodes};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Resource;
 use serde_json::{Value, json};
@@ -341,21 +341,50 @@ struct NodeSettings {
 fn node_settings(nodes: &Nodes) -> NodeSettings {
     let mut ignore = nodes.ignore_preflight_errors.clone();
     let mut files = Vec::new();
-    if nodes.allow_cgroup_v1 {
-        if !ignore.iter().any(|c| c == "SystemVerification") {
-            ignore.push("SystemVerification".into());
-        }
+    if nodes.allow_cgroup_v1 && !ignore.iter().any(|c| c == "SystemVerification") {
+        ignore.push("SystemVerification".into());
+    }
+    if let Some(patch) = kubelet_patch(nodes) {
         files.push(json!({
             "path": format!("{KUBEADM_PATCHES}/kubeletconfiguration0+strategic.yaml"),
             "owner": "root:root",
             "permissions": "0644",
-            "content": "failCgroupV1: false\n",
+            "content": patch,
         }));
     }
     NodeSettings {
         ignore_preflight_errors: ignore,
         files,
     }
+}
+
+/// The kubeadm patch (YAML) of the kubelet's configuration that `spec.nodes` asks for; `None` when it asks nothing of the kubelet. `evictionHard` is written whole: the
+/// kubelet's defaults with the cluster's thresholds over them, because a kubelet handed some
+/// thresholds turns off every signal it was not handed.
+fn kubelet_patch(nodes: &Nodes) -> Option<String> {
+    let kubelet = &nodes.kubelet;
+    let mut patch = serde_json::Map::new();
+    if nodes.allow_cgroup_v1 {
+        patch.insert("failCgroupV1".into(), json!(false));
+    }
+    if !kubelet.eviction_hard.is_empty() {
+        let mut thresholds: BTreeMap<&str, &str> = DEFAULT_EVICTION_HARD.iter().copied().collect();
+        for (signal, threshold) in &kubelet.eviction_hard {
+            thresholds.insert(signal, threshold);
+        }
+        patch.insert("evictionHard".into(), json!(thresholds));
+    }
+    if let Some(high) = kubelet.image_gc_high_threshold_percent {
+        patch.insert("imageGCHighThresholdPercent".into(), json!(high));
+    }
+    if let Some(low) = kubelet.image_gc_low_threshold_percent {
+        patch.insert("imageGCLowThresholdPercent".into(), json!(low));
+    }
+    (!patch.is_empty()).then(|| {
+        let patch = Value::Object(patch);
+        // JSON is YAML too, should the YAML writer ever refuse.
+        serde_saphyr::to_string(&patch).unwrap_or_else(|_| format!("{patch}\n"))
+    })
 }
 
 /// `image` from `repository` when the cluster names one: `<repository>/<last path element>`

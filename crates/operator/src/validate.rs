@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use bootsman_api::v1alpha1::{BootsmanClusterSpec, MetalLbMode};
+use bootsman_api::v1alpha1::{BootsmanClusterSpec, DEFAULT_IMAGE_GC_PERCENT, EVICTION_SIGNALS, MetalLbMode};
 
 /// One broken rule: the field and a message naming the rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,6 +187,36 @@ pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
                  'all' is refused (rule: preflight-check-names)",
             ));
         }
+    }
+    let kubelet = &spec.nodes.kubelet;
+    for (signal, threshold) in &kubelet.eviction_hard {
+        let field = format!("spec.nodes.kubelet.evictionHard[{signal}]");
+        if !EVICTION_SIGNALS.contains(&signal.as_str()) {
+            out.push(v(
+                field.clone(),
+                "each evictionHard key must be a kubelet eviction signal: memory.available, \
+                 allocatableMemory.available, nodefs.available, nodefs.inodesFree, imagefs.available, \
+                 imagefs.inodesFree, containerfs.available, containerfs.inodesFree or pid.available \
+                 (rule: eviction-signal)",
+            ));
+        }
+        if !is_eviction_threshold(threshold) {
+            out.push(v(
+                field,
+                "each evictionHard threshold must be a percentage from 0% to 100% or a positive \
+                 quantity such as 500Mi (rule: eviction-threshold)",
+            ));
+        }
+    }
+    let (high, low) = DEFAULT_IMAGE_GC_PERCENT;
+    let high = kubelet.image_gc_high_threshold_percent.unwrap_or(high);
+    let low = kubelet.image_gc_low_threshold_percent.unwrap_or(low);
+    if low >= high {
+        out.push(v(
+            "spec.nodes.kubelet",
+            "imageGCLowThresholdPercent must be below imageGCHighThresholdPercent (the kubelet's \
+             defaults are 80 and 85 when one is not set) (rule: image-gc-thresholds)",
+        ));
     }
     let mlb = &spec.load_balancer.metallb;
     if mlb.mode != MetalLbMode::Bgp {
@@ -373,6 +403,40 @@ fn parse_cidr(s: &str) -> Option<Cidr> {
     (prefix <= max).then_some(Cidr { addr, prefix })
 }
 
+/// A kubelet eviction threshold: `N%` with N from 0 to 100, or a positive Kubernetes quantity.
+fn is_eviction_threshold(t: &str) -> bool {
+    if let Some(pct) = t.strip_suffix('%') {
+        let (whole, frac) = pct.split_once('.').unwrap_or((pct, "0"));
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        return whole.len() <= 3
+            && digits(whole)
+            && digits(frac)
+            && pct.parse::<f64>().is_ok_and(|p| p <= 100.0);
+    }
+    is_positive_quantity(t)
+}
+
+/// A Kubernetes quantity (`<sign><digits>[.<digits>]<suffix>`, the suffix a binary SI suffix
+/// `Ki`…`Ei`, a decimal SI suffix `n u m k M G T P E`, or an exponent `e3`) above zero.
+fn is_positive_quantity(q: &str) -> bool {
+    let unsigned = q.strip_prefix('+').unwrap_or(q);
+    let number_end = unsigned
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(unsigned.len());
+    let (number, suffix) = unsigned.split_at(number_end);
+    let digits = number.bytes().filter(u8::is_ascii_digit).count();
+    let well_formed_number = digits > 0 && number.matches('.').count() <= 1;
+    let exponent = |s: &str| {
+        let s = s.strip_prefix(['+', '-']).unwrap_or(s);
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+    };
+    let well_formed_suffix = matches!(
+        suffix,
+        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E"
+    ) || suffix.strip_prefix(['e', 'E']).is_some_and(exponent);
+    well_formed_number && well_formed_suffix && number.bytes().any(|b| (b'1'..=b'9').contains(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,5 +523,53 @@ mod tests {
         let mut s = sample();
         s.load_balancer.metallb.enabled = true;
         assert_eq!(rules(&s), ["metallb-bgp-config"]);
+    }
+
+    #[test]
+    fn kubelet_thresholds_are_signals_with_percentages_or_quantities() {
+        for (signal, threshold, want) in [
+            ("nodefs.available", "2Gi", &[][..]),
+            ("imagefs.available", "0%", &[]),
+            ("memory.available", "100.0%", &[]),
+            ("memory.available", "7.5%", &[]),
+            ("pid.available", "1000", &[]),
+            ("memory.available", "+500M", &[]),
+            ("memory.available", "1e9", &[]),
+            ("memory.available", ".5Gi", &[]),
+            ("disk.available", "1Gi", &["eviction-signal"]),
+            ("memory.available", "101%", &["eviction-threshold"]),
+            ("memory.available", "1000%", &["eviction-threshold"]),
+            ("memory.available", ".5%", &["eviction-threshold"]),
+            ("memory.available", "0", &["eviction-threshold"]),
+            ("memory.available", "0Gi", &["eviction-threshold"]),
+            ("memory.available", "-1Gi", &["eviction-threshold"]),
+            ("memory.available", "1GB", &["eviction-threshold"]),
+            ("memory.available", "lots", &["eviction-threshold"]),
+            ("memory.available", "", &["eviction-threshold"]),
+            ("disk", "x", &["eviction-signal", "eviction-threshold"]),
+        ] {
+            let mut s = sample();
+            s.nodes.kubelet.eviction_hard = [(signal.to_string(), threshold.to_string())].into();
+            assert_eq!(rules(&s), want, "{signal}={threshold}");
+        }
+    }
+
+    #[test]
+    fn image_gc_low_stays_below_high_counting_the_kubelets_defaults() {
+        for (high, low, ok) in [
+            (None, None, true),
+            (Some(100), Some(95), true),
+            (Some(90), None, true),
+            (Some(80), None, false),
+            (None, Some(84), true),
+            (None, Some(85), false),
+            (Some(70), Some(70), false),
+        ] {
+            let mut s = sample();
+            s.nodes.kubelet.image_gc_high_threshold_percent = high;
+            s.nodes.kubelet.image_gc_low_threshold_percent = low;
+            let want: &[&str] = if ok { &[] } else { &["image-gc-thresholds"] };
+            assert_eq!(rules(&s), want, "{high:?}/{low:?}");
+        }
     }
 }

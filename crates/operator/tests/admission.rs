@@ -56,6 +56,11 @@ fn metallb(pools: serde_json::Value) -> serde_json::Value {
     }}}})
 }
 
+/// A merge patch setting `spec.nodes.kubelet`.
+fn kubelet(settings: serde_json::Value) -> serde_json::Value {
+    json!({"spec": {"nodes": {"kubelet": settings}}})
+}
+
 #[tokio::test]
 async fn admission_and_the_operator_refuse_the_same_clusters() {
     let env = TestEnv::shared().await;
@@ -175,6 +180,57 @@ async fn admission_and_the_operator_refuse_the_same_clusters() {
             "range-ends-at-endpoint".into(),
             pools(json!(["10.0.0.5-10.0.0.10"])),
             &["address-pool-overlap"],
+        ),
+        (
+            "lab-disk".into(),
+            kubelet(
+                json!({"evictionHard": {"nodefs.available": "2Gi", "imagefs.available": "2Gi"},
+                           "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 95}),
+            ),
+            &[],
+        ),
+        (
+            "eviction-forms".into(),
+            kubelet(
+                json!({"evictionHard": {"memory.available": "+500M", "nodefs.available": "7.5%",
+                "imagefs.available": "0%", "pid.available": "1e3", "nodefs.inodesFree": ".5Ki"}}),
+            ),
+            &[],
+        ),
+        (
+            "eviction-signal".into(),
+            kubelet(json!({"evictionHard": {"disk.available": "1Gi"}})),
+            &["eviction-signal"],
+        ),
+        (
+            "eviction-over-100".into(),
+            kubelet(json!({"evictionHard": {"memory.available": "101%"}})),
+            &["eviction-threshold"],
+        ),
+        (
+            "eviction-zero".into(),
+            kubelet(json!({"evictionHard": {"memory.available": "0Gi"}})),
+            &["eviction-threshold"],
+        ),
+        (
+            "eviction-negative".into(),
+            kubelet(json!({"evictionHard": {"memory.available": "-1Gi"}})),
+            &["eviction-threshold"],
+        ),
+        (
+            "eviction-units".into(),
+            kubelet(json!({"evictionHard": {"nodefs.available": "1GB"}})),
+            &["eviction-threshold"],
+        ),
+        (
+            "gc-high-below-default-low".into(),
+            kubelet(json!({"imageGCHighThresholdPercent": 80})),
+            &["image-gc-thresholds"],
+        ),
+        (
+            "gc-equal".into(),
+            kubelet(json!({"imageGCHighThresholdPercent": 70, "imageGCLowThresholdPercent": 70})),
+            &["image-gc-thresholds"],
         ),
     ];
     for (name, patch, want) in cases {

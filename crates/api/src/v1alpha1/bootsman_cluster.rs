@@ -4,6 +4,8 @@
 //! The rules below are enforced by CEL in the CRD, so `kubectl apply` fails at once with a message
 //! that names the rule; the operator checks them again before it renders anything.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -167,6 +169,102 @@ pub struct Nodes {
     )
     .message("each ignorePreflightErrors entry must name one kubeadm preflight check, e.g. NumCPU; 'all' is refused (rule: preflight-check-names)"))]
     pub ignore_preflight_errors: Vec<String>,
+    /// Settings of the kubelet on every machine.
+    #[serde(default)]
+    pub kubelet: Kubelet,
+}
+
+/// The kubelet's eviction signals (`evictionHard` keys) on Linux.
+pub const EVICTION_SIGNALS: &[&str] = &[
+    "memory.available",
+    "allocatableMemory.available",
+    "nodefs.available",
+    "nodefs.inodesFree",
+    "imagefs.available",
+    "imagefs.inodesFree",
+    "containerfs.available",
+    "containerfs.inodesFree",
+    "pid.available",
+];
+
+/// The kubelet's own hard eviction thresholds on Linux; a signal that
+/// [`Kubelet::eviction_hard`] does not name keeps its value from here.
+pub const DEFAULT_EVICTION_HARD: &[(&str, &str)] = &[
+    ("memory.available", "100Mi"),
+    ("nodefs.available", "10%"),
+    ("nodefs.inodesFree", "5%"),
+    ("imagefs.available", "15%"),
+    ("imagefs.inodesFree", "5%"),
+];
+
+/// The kubelet's image garbage collection thresholds when not set: (high, low) percent.
+pub const DEFAULT_IMAGE_GC_PERCENT: (i32, i32) = (85, 80);
+
+/// CEL (on the map): every key is one of [`EVICTION_SIGNALS`].
+const EVICTION_SIGNAL_NAMES: &str = "self.all(k, k in ['memory.available', \
+    'allocatableMemory.available', 'nodefs.available', 'nodefs.inodesFree', 'imagefs.available', \
+    'imagefs.inodesFree', 'containerfs.available', 'containerfs.inodesFree', 'pid.available'])";
+
+/// CEL (on the map): every threshold is a percentage from 0% to 100% or a positive quantity.
+const EVICTION_THRESHOLDS: &str = "self.all(k, self[k].matches('^[0-9]{1,3}(\\\\.[0-9]+)?%$') ? \
+    double(self[k].substring(0, size(self[k]) - 1)) <= 100.0 : \
+    (isQuantity(self[k]) && quantity(self[k]).isGreaterThan(quantity('0'))))";
+
+/// CEL (on [`Kubelet`]): the low image GC threshold lies below the high one, either taken from
+/// the kubelet's defaults when not set.
+const IMAGE_GC_ORDER: &str = "(has(self.imageGCLowThresholdPercent) ? self.imageGCLowThresholdPercent : 80) < \
+    (has(self.imageGCHighThresholdPercent) ? self.imageGCHighThresholdPercent : 85)";
+
+/// Kubelet settings of every machine, written into the kubelet's configuration through a
+/// kubeadm patch.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(IMAGE_GC_ORDER).message(
+    "imageGCLowThresholdPercent must be below imageGCHighThresholdPercent (the kubelet's defaults are 80 and 85 \
+     when one is not set) (rule: image-gc-thresholds)"
+))]
+pub struct Kubelet {
+    /// Hard eviction thresholds: eviction signal → the least that must stay available, as a
+    /// quantity (`500Mi`, `2Gi`, `1000` for `pid.available`) or a percentage of the whole
+    /// (`10%`). When a signal crosses its threshold the node gets a pressure taint and the
+    /// kubelet evicts pods. Signals not named keep the kubelet's defaults (`memory.available`
+    /// 100Mi, `nodefs.available` 10%, `nodefs.inodesFree` 5%, `imagefs.available` 15%,
+    /// `imagefs.inodesFree` 5%); `0%` turns a signal off. Lower the disk thresholds on hosts
+    /// whose disk is shared with data the cluster does not own, where a percentage of the whole
+    /// disk says little about the room left for pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 9, "additionalProperties" = {"type": "string", "maxLength": 32}))]
+    #[x_kube(
+        validation = Rule::new(EVICTION_SIGNAL_NAMES).message(
+            "each evictionHard key must be a kubelet eviction signal: memory.available, allocatableMemory.available, \
+             nodefs.available, nodefs.inodesFree, imagefs.available, imagefs.inodesFree, containerfs.available, \
+             containerfs.inodesFree or pid.available (rule: eviction-signal)"
+        ),
+        validation = Rule::new(EVICTION_THRESHOLDS).message(
+            "each evictionHard threshold must be a percentage from 0% to 100% or a positive quantity such as 500Mi \
+             (rule: eviction-threshold)"
+        )
+    )]
+    pub eviction_hard: BTreeMap<String, String>,
+    /// Disk usage of the image filesystem, in percent, at which the kubelet starts deleting
+    /// unused images (the kubelet's default: 85). `100` leaves images alone until the disk is
+    /// full.
+    #[serde(
+        default,
+        rename = "imageGCHighThresholdPercent",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1, max = 100))]
+    pub image_gc_high_threshold_percent: Option<i32>,
+    /// Disk usage, in percent, down to which image garbage collection deletes (the kubelet's
+    /// default: 80). Must be below the high threshold.
+    #[serde(
+        default,
+        rename = "imageGCLowThresholdPercent",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 0, max = 99))]
+    pub image_gc_low_threshold_percent: Option<i32>,
 }
 
 /// CEL (on the spec): an endpoint given as an IP address lies in neither cluster network.
