@@ -118,7 +118,7 @@ KUBECONFIG="$(sa_kubeconfig bootsman-operator)" POD_NAMESPACE=bootsman-system \
 PIDS+=($!)
 echo "    metrics: http://127.0.0.1:18080/metrics (provider), http://127.0.0.1:18081/metrics (operator)"
 
-say "8 simulated hosts enrol with one-time tokens (bootsmanctl hosts token)"
+say "8 simulated hosts enrol with one-time tokens (bootsmanctl hosts token), each reporting its role as host.bootsman.io/role"
 for i in 1 2 3 4 5 6 7 8; do
   name="host-$i"
   role=worker; ((i <= 3)) && role=control-plane
@@ -159,7 +159,13 @@ for _ in $(seq 1 90); do
   ((n >= 8)) && break
   sleep 1
 done
-kubectl -n default get byohosts -L role
+# Placement labels are the admin's: a host labels itself only under host.bootsman.io/.
+say "the admin labels each host with its role (kubectl label byohost)"
+for i in 1 2 3 4 5 6 7 8; do
+  role=worker; ((i <= 3)) && role=control-plane
+  kubectl -n default label byohost "host-$i" "role=$role" --overwrite >/dev/null
+done
+kubectl -n default get byohosts -L role,host.bootsman.io/role
 
 # The sample's endpoint is an address on the hosts' network that kube-vip would hold. Here the
 # stand-in control plane (below) serves it on a loopback address instead.

@@ -2,8 +2,10 @@
 //! ByoHost that drives bootstrap and reset.
 //!
 //! Writes, each by server-side apply with its own field manager so no write undoes another:
-//! - `byoh-agent`: the ByoHost's labels (from `--label`; labels dropped from the flags are
-//!   removed because the manager no longer applies them) and the heartbeat Lease;
+//! - `byoh-agent/labels`: the ByoHost's own labels, all under `host.bootsman.io/` (from
+//!   `--label`; labels dropped from the flags are removed because the manager no longer applies
+//!   them); labels outside that prefix are admins' and the provider's, never touched here;
+//! - `byoh-agent`: the heartbeat Lease;
 //! - `byoh-agent/inventory`: `status.hostInfo`, `status.network`, `status.agentVersion`;
 //! - `byoh-agent/<Condition>`: one manager per condition (`Registered`, `BootstrapSucceeded`,
 //!   `CleanupSucceeded`), each with the `observedGeneration` of the spec it answers.
@@ -34,8 +36,13 @@ use crate::cloudinit;
 use crate::executor::{ExecError, Executor};
 use crate::state::Outcome;
 
-/// Field manager of labels and the Lease.
+/// Field manager of the Lease (and of Events).
 pub const MANAGER: &str = "byoh-agent";
+/// Field manager of the host's own labels (all under `host.bootsman.io/`). Agents before host-owned
+/// labels applied theirs, such as `role`, as [`MANAGER`]; that manager no longer applies to the
+/// ByoHost, so those labels stay as they were (an admin's to keep or remove) instead of being
+/// removed by the host, which the host policy would refuse.
+pub const LABELS_MANAGER: &str = "byoh-agent/labels";
 /// Field manager of the inventory.
 pub const INVENTORY_MANAGER: &str = "byoh-agent/inventory";
 
@@ -305,7 +312,7 @@ impl Agent {
         let body = ssa::body::<ByoHost>(&self.opts.name, Some(&self.opts.namespace), json!({"spec": {}}));
         let mut body = body;
         body["metadata"]["labels"] = json!(self.opts.labels);
-        let host = ssa::apply(&self.api, MANAGER, &self.opts.name, &body)
+        let host = ssa::apply(&self.api, LABELS_MANAGER, &self.opts.name, &body)
             .await
             .map_err(err)?;
         let hostname = crate::inventory::kernel_hostname().unwrap_or_else(|| self.opts.name.clone());

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use bootsman_api::labels::HOST_OWNED_PREFIX;
 use bootsman_runtime::metrics::Metrics;
 use byoh_agent::agent::{self, AgentMetrics};
 use byoh_agent::enroll;
@@ -41,7 +42,9 @@ struct Args {
     /// Host name (an RFC 1123 subdomain); the kernel's host name when not set.
     #[arg(long, env = "BYOH_NAME")]
     name: Option<String>,
-    /// A label `key=value` for the ByoHost (repeatable; comma-separated in the environment).
+    /// A label `name=value` the host reports about itself, set on the ByoHost as
+    /// `host.bootsman.io/name=value` (repeatable; comma-separated in the environment). Labels
+    /// that place machines are an admin's, set on the ByoHost.
     #[arg(long = "label", env = "BYOH_LABELS", value_delimiter = ',', value_parser = parse_label)]
     labels: Vec<(String, String)>,
     /// Every path the bootstrap or reset touches is confined to this directory.
@@ -72,10 +75,24 @@ struct Args {
     log_format: String,
 }
 
+/// A `--label`: `name=value` becomes `host.bootsman.io/name=value`; a key under another prefix
+/// is refused, because placement labels are the admins'.
 fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not key=value"))?;
+    let k = match k.split_once('/') {
+        None => format!("{HOST_OWNED_PREFIX}{k}"),
+        Some(_) if k.starts_with(HOST_OWNED_PREFIX) => k.to_string(),
+        Some(_) => {
+            return Err(format!(
+                "label key {k:?}: a host sets only labels under {HOST_OWNED_PREFIX} (a key without a \
+                 prefix is put there); labels that place machines, such as role or \
+                 topology.kubernetes.io/zone, are set by an admin on the ByoHost (rule: host-owned-labels)"
+            ));
+        }
+    };
+    let k = k.as_str();
     let name = k.rsplit('/').next().unwrap_or(k);
     let name_ok = !name.is_empty()
         && name.len() <= 63

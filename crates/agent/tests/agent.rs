@@ -71,7 +71,21 @@ async fn hand_over(pool: &Pool, host: &str, machine_uid: &str, cloud_config: &st
 #[tokio::test(flavor = "multi_thread")]
 async fn registers_with_inventory_heartbeats_and_syncs_labels() {
     let pool = Pool::new("agent-reg").await;
+    pool.with_host_policy().await;
     let mut host = pool.host("node-a");
+    // What an agent from before host-owned labels left: `role`, applied by its field manager.
+    let old_agent = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "ByoHost",
+        "metadata": {"name": "node-a", "labels": {"role": "worker"}}, "spec": {},
+    });
+    pool.hosts()
+        .patch(
+            "node-a",
+            &PatchParams::apply("byoh-agent"),
+            &Patch::Apply(&old_agent),
+        )
+        .await
+        .unwrap();
     host.start(&["role=worker", "rack=r1"]);
     let h = wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
     let status = h.status.clone().unwrap();
@@ -91,9 +105,23 @@ async fn registers_with_inventory_heartbeats_and_syncs_labels() {
     assert!(!status.network.is_empty(), "network: {:?}", status.network);
     let registered = bootsman_runtime::conditions::get(&status.conditions, types::REGISTERED).unwrap();
     assert_eq!(registered.observed_generation, h.metadata.generation);
+    // The host's own labels go under host.bootsman.io/; the older agent's `role` stays, now the
+    // admin's (the new agent applies labels under a field manager of their own and never
+    // removes one outside its prefix, which the host policy would refuse).
     let labels = h.metadata.labels.clone().unwrap_or_default();
-    assert_eq!(labels.get("role").map(String::as_str), Some("worker"));
-    assert_eq!(labels.get("rack").map(String::as_str), Some("r1"));
+    assert_eq!(
+        labels.get("host.bootsman.io/role").map(String::as_str),
+        Some("worker")
+    );
+    assert_eq!(
+        labels.get("host.bootsman.io/rack").map(String::as_str),
+        Some("r1")
+    );
+    assert_eq!(
+        labels.get("role").map(String::as_str),
+        Some("worker"),
+        "{labels:?}"
+    );
 
     // The Lease renews: its renewTime advances.
     let leases: Api<Lease> = Api::namespaced(pool.admin.clone(), &pool.ns);
@@ -125,7 +153,9 @@ async fn registers_with_inventory_heartbeats_and_syncs_labels() {
     common::eventually("labels synced after restart", || async {
         let h = pool.hosts().get("node-a").await.ok()?;
         let l = h.metadata.labels.unwrap_or_default();
-        (l.get("role").map(String::as_str) == Some("control-plane") && !l.contains_key("rack")).then_some(l)
+        (l.get("host.bootsman.io/role").map(String::as_str) == Some("control-plane")
+            && !l.contains_key("host.bootsman.io/rack"))
+        .then_some(l)
     })
     .await;
     let l = pool
@@ -137,6 +167,7 @@ async fn registers_with_inventory_heartbeats_and_syncs_labels() {
         .labels
         .unwrap_or_default();
     assert_eq!(l.get("team").map(String::as_str), Some("ops"), "labels: {l:?}");
+    assert_eq!(l.get("role").map(String::as_str), Some("worker"), "labels: {l:?}");
 
     // SIGKILL: the Lease stops renewing; a restart brings it back.
     common::eventually("renewing again", || async {
@@ -571,6 +602,18 @@ fn bad_flags_name_the_flag_and_rule() {
         (&["--name", "h", "--label", "novalue"], &["--label", "key=value"]),
         (
             &["--name", "h", "--label", "bad key=v"],
+            &["--label", "label key"],
+        ),
+        (
+            &["--name", "h", "--label", "node-role.kubernetes.io/control-plane="],
+            &["--label", "host.bootsman.io/", "rule: host-owned-labels"],
+        ),
+        (
+            &["--name", "h", "--label", "topology.kubernetes.io/zone=a"],
+            &["--label", "rule: host-owned-labels"],
+        ),
+        (
+            &["--name", "h", "--label", "host.bootsman.io/bad key=v"],
             &["--label", "label key"],
         ),
         (&["--name", "h", "--root", "/nonexistent/root"], &["--root"]),

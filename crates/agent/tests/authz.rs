@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
+use bootsman_api::v1beta1::ByoHost;
 use bootsman_testenv::{TestEnv, wait_for};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -39,9 +39,7 @@ fn meta(name: &str, ns: &str) -> ObjectMeta {
 }
 
 fn host(name: &str, ns: &str) -> ByoHost {
-    let mut h = ByoHost::new(name, ByoHostSpec::default());
-    h.metadata.namespace = Some(ns.into());
-    h
+    ByoHost::registered(name, ns)
 }
 
 fn lease(name: &str, ns: &str) -> Lease {
@@ -230,12 +228,12 @@ async fn a_host_writes_only_its_own_objects_and_reads_no_secret() {
     );
     assert_eq!(own.status.unwrap().agent_version.as_deref(), Some("1.0.0"));
     allowed(
-        "host a labels its ByoHost",
+        "host a labels its ByoHost under host.bootsman.io/",
         a_hosts
             .patch(
                 "a",
                 &PatchParams::default(),
-                &Patch::Merge(&json!({"metadata": {"labels": {"role": "worker"}}})),
+                &Patch::Merge(&json!({"metadata": {"labels": {"host.bootsman.io/role": "worker"}}})),
             )
             .await,
     );
@@ -513,7 +511,7 @@ async fn a_host_may_not_hold_its_objects_with_finalizers_or_owners() {
             .patch(
                 "f",
                 &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"labels": {"zone": "a"}}})),
+                &Patch::Merge(json!({"metadata": {"labels": {"host.bootsman.io/zone": "a"}}})),
             )
             .await,
     );
@@ -522,6 +520,176 @@ async fn a_host_may_not_hold_its_objects_with_finalizers_or_owners() {
             "f",
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Labels place machines: host selectors match them, the zone label makes failure domains, and
+/// the provider marks a claimed host with its cluster's name. A host that could write them could
+/// put itself in the control plane of any cluster, or in a zone of its choice. A host sets only
+/// labels under `host.bootsman.io/`; it may not add, change or remove any other, on create,
+/// by merge patch, by replace or by server-side apply, while an admin still may.
+#[tokio::test]
+async fn a_host_may_set_only_its_own_labels() {
+    let env = TestEnv::shared().await;
+    apply_rbac(env);
+    let ns = env.create_namespace("authz-labels").await;
+    let admin = env.client().await;
+    enrolled_in(&admin, &ns, "l").await;
+    let l = env.client_for("byoh:host:l", &["byoh:hosts"]).await;
+    let hosts = Api::<ByoHost>::namespaced(l.clone(), &ns);
+    let admin_hosts = Api::<ByoHost>::namespaced(admin.clone(), &ns);
+    let mut placed = host("l", &ns);
+    placed.labels_mut().insert("role".into(), "control-plane".into());
+    wait_for("the label rule to refuse host l", WAIT, || {
+        let hosts = hosts.clone();
+        let h = placed.clone();
+        let admin_hosts = admin_hosts.clone();
+        async move {
+            match hosts.create(&PostParams::default(), &h).await {
+                Err(kube::Error::Api(s)) if s.message.contains("host.bootsman.io/") => Ok(()),
+                Ok(_) => {
+                    // Created before the policy took effect: take it away and try again.
+                    let _ = admin_hosts.delete("l", &Default::default()).await;
+                    Err("host l could still create a ByoHost with label role".to_string())
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await;
+    let mut own = host("l", &ns);
+    own.labels_mut()
+        .insert("host.bootsman.io/rack".into(), "r12".into());
+    allowed(
+        "host l registers with a label of its own",
+        hosts.create(&PostParams::default(), &own).await,
+    );
+    // The admin places the host; the provider marks it claimed.
+    admin_hosts
+        .patch(
+            "l",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "role": "worker",
+                "topology.kubernetes.io/zone": "zone-a",
+                "cluster.x-k8s.io/cluster-name": "c1",
+            }}})),
+        )
+        .await
+        .unwrap();
+
+    let merge = |labels: serde_json::Value| Patch::Merge(json!({"metadata": {"labels": labels}}));
+    for (what, labels, named) in [
+        (
+            "promotes itself to the control plane",
+            json!({"role": "control-plane"}),
+            "role",
+        ),
+        (
+            "moves to another zone",
+            json!({"topology.kubernetes.io/zone": "zone-b"}),
+            "topology.kubernetes.io/zone",
+        ),
+        (
+            "leaves its zone",
+            json!({"topology.kubernetes.io/zone": null}),
+            "topology.kubernetes.io/zone",
+        ),
+        (
+            "drops the claim mark",
+            json!({"cluster.x-k8s.io/cluster-name": null}),
+            "cluster.x-k8s.io/cluster-name",
+        ),
+        (
+            "adds a label of another prefix",
+            json!({"node-role.kubernetes.io/control-plane": ""}),
+            "node-role.kubernetes.io/control-plane",
+        ),
+    ] {
+        let msg = refused(
+            &format!("host l {what}"),
+            hosts.patch("l", &PatchParams::default(), &merge(labels)).await,
+        );
+        assert!(
+            msg.contains("host.bootsman.io/") && msg.contains(named),
+            "{what}: {msg}"
+        );
+    }
+    let mut replaced = admin_hosts.get("l").await.unwrap();
+    replaced
+        .labels_mut()
+        .insert("role".into(), "control-plane".into());
+    refused(
+        "host l replaces its ByoHost with another role",
+        hosts.replace("l", &PostParams::default(), &replaced).await,
+    );
+    let applied = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "ByoHost",
+        "metadata": {"name": "l", "labels": {"role": "control-plane"}},
+    });
+    refused(
+        "host l applies another role",
+        hosts
+            .patch(
+                "l",
+                &PatchParams::apply("byoh-agent/labels").force(),
+                &Patch::Apply(&applied),
+            )
+            .await,
+    );
+
+    // Its own labels it may change and remove; the admin's and the provider's stay as they were.
+    allowed(
+        "host l changes its own label",
+        hosts
+            .patch(
+                "l",
+                &PatchParams::default(),
+                &merge(json!({"host.bootsman.io/rack": "r13"})),
+            )
+            .await,
+    );
+    let own_apply = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "ByoHost",
+        "metadata": {"name": "l", "labels": {"host.bootsman.io/gpu": "a100"}},
+    });
+    allowed(
+        "host l applies its own labels",
+        hosts
+            .patch(
+                "l",
+                &PatchParams::apply("byoh-agent/labels"),
+                &Patch::Apply(&own_apply),
+            )
+            .await,
+    );
+    let labels = admin_hosts.get("l").await.unwrap().labels().clone();
+    assert_eq!(
+        labels.get("role").map(String::as_str),
+        Some("worker"),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels.get("topology.kubernetes.io/zone").map(String::as_str),
+        Some("zone-a")
+    );
+    assert_eq!(
+        labels.get("cluster.x-k8s.io/cluster-name").map(String::as_str),
+        Some("c1")
+    );
+    assert_eq!(
+        labels.get("host.bootsman.io/gpu").map(String::as_str),
+        Some("a100")
+    );
+
+    // An admin still moves it.
+    admin_hosts
+        .patch(
+            "l",
+            &PatchParams::default(),
+            &merge(json!({"topology.kubernetes.io/zone": "zone-b", "role": null})),
         )
         .await
         .unwrap();

@@ -43,6 +43,7 @@ async fn machine_deleted_host_cleaned_and_claimable_again() {
     );
     host.start(&["role=a"]);
     wait_condition(&pool.hosts(), &host, types::REGISTERED, "True").await;
+    pool.label("e2e-host", "role", "a").await;
 
     site.cluster("c1", false).await;
     site.machine("c1", "ma", Some(site::role("a"))).await;

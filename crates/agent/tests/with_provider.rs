@@ -64,6 +64,7 @@ async fn a_host_serves_a_machine_is_released_clean_goes_offline_and_comes_back()
     let mut host = pool.host("node-p");
     host.start(&["role=worker"]);
     phase(&s, "node-p", HostPhase::Available).await;
+    pool.label("node-p", "role", "worker").await;
 
     // A Machine claims the host; its bootstrap data (`runcmd: echo m1`) runs on it.
     s.cluster("c1", false).await;

@@ -19,8 +19,14 @@ pub const DEPLOYMENT_NAME: &str = "cluster.x-k8s.io/deployment-name";
 pub const PAUSED: &str = "cluster.x-k8s.io/paused";
 /// Label on a CAPI Cluster that Rancher Turtles watches to import the cluster automatically.
 pub const RANCHER_AUTO_IMPORT: &str = "cluster-api.cattle.io/rancher-auto-import";
-/// Standard zone label; on a ByoHost it becomes a failure domain of the ByoClusters that may use it.
+/// Standard zone label; on a ByoHost it becomes a failure domain of the ByoClusters that may use
+/// it. An admin's label: a host may not set or change it.
 pub const ZONE: &str = "topology.kubernetes.io/zone";
+/// Prefix of the only ByoHost labels a host may set itself (the agent's `--label rack=r12` is
+/// `host.bootsman.io/rack=r12`): what a host says about itself. Every other label of a ByoHost,
+/// above all those that place machines (host selectors, the zone), is an admin's or the
+/// provider's, and the host policy refuses a host's write that adds, changes or removes one.
+pub const HOST_OWNED_PREFIX: &str = "host.bootsman.io/";
 /// Label the operator puts on everything it renders for one BootsmanCluster.
 pub const BOOTSMAN_CLUSTER: &str = "bootsman.io/cluster";
 /// Per-cluster label that selects the addon `HelmChartProxy` objects of one child cluster.

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use bootsman_api::identity;
-use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
+use bootsman_api::v1beta1::ByoHost;
 use bootsman_testenv::{TestEnv, wait_for};
 use byoh_agent::enroll::{self, Error, Options};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -100,11 +100,10 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
     // The host may register in its pool, and only there.
     let client =
         kube::Client::try_from(enroll::ensure_identity(&opts).await.expect("identity")).expect("client");
-    let own = ByoHost::new("web-1", ByoHostSpec::default());
     common::register(env, &client, &pool, "web-1").await;
     let elsewhere = env.create_namespace("enroll-other").await;
     let refused = Api::<ByoHost>::namespaced(client, &elsewhere)
-        .create(&PostParams::default(), &own)
+        .create(&PostParams::default(), &ByoHost::registered("web-1", &elsewhere))
         .await
         .expect_err("the host may not register in another pool");
     assert!(
@@ -326,10 +325,7 @@ async fn a_pool_token_cannot_take_over_an_existing_host_name() {
         .await
         .expect("the victim enrols");
     Api::<ByoHost>::namespaced(kube::Client::try_from(config).expect("client"), &pool_a)
-        .create(
-            &PostParams::default(),
-            &ByoHost::new(victim, ByoHostSpec::default()),
-        )
+        .create(&PostParams::default(), &ByoHost::registered(victim, &pool_a))
         .await
         .expect("the victim registers");
 

@@ -72,7 +72,14 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
             "get",
             "bootsmanclusters,clusters,kubeadmcontrolplanes,machinedeployments,machines",
         ],
-        vec!["-n", ns.as_str(), "get", "byohosts", "-L", "role"],
+        vec![
+            "-n",
+            ns.as_str(),
+            "get",
+            "byohosts",
+            "-L",
+            "role,host.bootsman.io/role",
+        ],
     ] {
         if let Ok(out) = site.kubectl(None, &args) {
             print_indented(&out);

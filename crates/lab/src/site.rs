@@ -25,7 +25,7 @@ use bootsman_testenv::process::Component;
 use bootsman_testenv::{Options, TestEnv};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result, io};
@@ -34,7 +34,9 @@ use crate::lb::LoadBalancer;
 use crate::registry::Registry;
 use crate::{Lab, LabHost, net, run};
 
-/// Role label of a host, as the sample BootsmanCluster selects them.
+/// Role label of a host, as the sample BootsmanCluster selects them: an admin's label, set on
+/// each ByoHost once it has registered (a host's own `--label role=...` is only
+/// `host.bootsman.io/role`, which no selector of the lab uses).
 pub const ROLE_LABEL: &str = "role";
 /// The pool namespace the lab's hosts enrol into.
 pub const POOL: &str = "default";
@@ -393,11 +395,34 @@ impl Site {
         )
     }
 
-    /// Waits until `n` ByoHosts of the pool are `Available`.
+    /// Labels each registered ByoHost of the plan that lacks it with its role, as the site's
+    /// admin does (`kubectl label byohost host-1 role=control-plane`): placement labels are the
+    /// admin's, and the host policy refuses them from the host.
+    async fn label_roles(&self, hosts: &[DynamicObject]) -> Result<()> {
+        let api = Api::<DynamicObject>::namespaced_with(self.client().await, POOL, &byohost_resource());
+        for h in hosts {
+            let name = h.metadata.name.clone().unwrap_or_default();
+            let Some((_, role)) = self.plan.hosts.iter().find(|(n, _)| *n == name) else {
+                continue;
+            };
+            let has = h.metadata.labels.as_ref().and_then(|l| l.get(ROLE_LABEL));
+            if has != Some(role) {
+                let patch = json!({"metadata": {"labels": {ROLE_LABEL: role}}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(crate::error::kube("label a ByoHost with its role"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `n` ByoHosts of the pool are `Available`, labelling each with its role as it
+    /// registers.
     pub async fn wait_hosts_available(&self, n: usize, timeout: Duration) -> Result<()> {
         until(&format!("{n} ByoHosts Available"), timeout, || async {
             self.check_controllers()?;
             let hosts = self.byohosts().await?;
+            self.label_roles(&hosts).await?;
             let phases: Vec<String> = hosts
                 .iter()
                 .map(|h| {

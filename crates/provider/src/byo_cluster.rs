@@ -2,8 +2,9 @@
 //!
 //! Waits for its owner Cluster, honours pause, holds a finalizer, defaults the endpoint port to
 //! 6443, reports `initialization.provisioned` once the control-plane endpoint is known, and
-//! lists as `failureDomains` the zones (`topology.kubernetes.io/zone`) of the hosts its machines
-//! may use. On delete it waits until the cluster's ByoMachines are gone.
+//! lists as `failureDomains` the zones (`topology.kubernetes.io/zone`, an admin's label) of the
+//! healthy hosts its machines may use, updated when a host's zone or health changes. On delete it
+//! waits until the cluster's ByoMachines are gone.
 //!
 //! Finalizer: `byocluster.infrastructure.cluster.x-k8s.io`. Field managers: `bootsman-provider`
 //! (the port default) and `bootsman-provider/status`. Conditions: `Ready`, `Paused`.
@@ -16,7 +17,7 @@ use bootsman_api::capi::Cluster;
 use bootsman_api::condition::types;
 use bootsman_api::labels;
 use bootsman_api::v1beta1::{
-    ApiEndpoint, ByoCluster, ByoClusterStatus, ByoMachine, FailureDomain, Initialization,
+    ApiEndpoint, ByoCluster, ByoClusterStatus, ByoHost, ByoMachine, FailureDomain, HostPhase, Initialization,
 };
 use bootsman_runtime::conditions::{self, Status};
 use bootsman_runtime::ssa;
@@ -142,7 +143,27 @@ async fn cleanup(bc: Arc<ByoCluster>, ctx: &Context, cluster: Option<String>) ->
     }
 }
 
-/// The zones of the hosts that machines in `ns` may use.
+/// The zone a host gives the failure domains of the clusters that may use it: its zone label (an
+/// admin's; hosts may not write it) while the host is healthy, none while it is offline,
+/// quarantined, in maintenance or not yet judged. A zone whose hosts are all down is no place to
+/// put a control-plane machine.
+pub fn zone_of(host: &ByoHost) -> Option<&str> {
+    let healthy = matches!(
+        host.status.as_ref().and_then(|s| s.phase),
+        Some(
+            HostPhase::Available
+                | HostPhase::Claimed
+                | HostPhase::Bootstrapping
+                | HostPhase::Provisioned
+                | HostPhase::Releasing
+        )
+    );
+    healthy
+        .then(|| host.labels().get(labels::ZONE).map(String::as_str))
+        .flatten()
+}
+
+/// The zones of the healthy hosts that machines in `ns` may use.
 fn failure_domains(ctx: &Context, ns: &str) -> Vec<FailureDomain> {
     let pools = ctx.config.pools_for(ns);
     let zones: BTreeSet<String> = ctx
@@ -150,7 +171,7 @@ fn failure_domains(ctx: &Context, ns: &str) -> Vec<FailureDomain> {
         .state()
         .iter()
         .filter(|h| h.namespace().is_some_and(|n| pools.contains(&n)))
-        .filter_map(|h| h.labels().get(labels::ZONE).cloned())
+        .filter_map(|h| zone_of(h).map(String::from))
         .collect();
     zones
         .into_iter()

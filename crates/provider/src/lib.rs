@@ -148,7 +148,8 @@ pub async fn run(
 
     let mut reflectors = tokio::task::JoinSet::new();
     let hns = host_ns.as_deref();
-    let (hosts, [host_events, host_events_health]) = shared(&mut reflectors, &client, hns, &watch)?;
+    let (hosts, [host_events, host_events_health, host_events_zones]) =
+        shared(&mut reflectors, &client, hns, &watch)?;
     let (leases, [lease_events]) = shared(&mut reflectors, &client, hns, &watch)?;
     let (byomachines, [bm_events, bm_events_clusters]) =
         shared(&mut reflectors, &client, ns.as_deref(), &filtered)?;
@@ -235,8 +236,33 @@ pub async fn run(
         .for_each(|_| async {});
 
     let clusters_ctl = Controller::new(api::<ByoCluster>(&client, ns.as_deref()), filtered);
+    // A host whose zone counts or stops counting (its zone label, or its health) changes the
+    // failure domains of every ByoCluster that may use its pool.
+    let byoclusters = clusters_ctl.store();
+    let zones_seen = std::sync::Mutex::new(HashMap::<ObjectRef<ByoHost>, Option<String>>::new());
+    let c = ctx.clone();
     let cluster_ctl = clusters_ctl
         .with_config(other_cfg.clone())
+        .watches_shared_stream(host_events_zones, move |host: Arc<ByoHost>| {
+            let zone = byo_cluster::zone_of(&host).map(String::from);
+            let before = zones_seen
+                .lock()
+                .ok()
+                .and_then(|mut m| m.insert(ObjectRef::from_obj(host.as_ref()), zone.clone()));
+            if before == Some(zone) {
+                return Vec::new();
+            }
+            let pool = host.namespace().unwrap_or_default();
+            byoclusters
+                .state()
+                .iter()
+                .filter(|bc| {
+                    bc.namespace()
+                        .is_some_and(|ns| c.config.pools_for(&ns).contains(&pool))
+                })
+                .map(|bc| ObjectRef::from_obj(bc.as_ref()))
+                .collect::<Vec<_>>()
+        })
         .watches_shared_stream(cluster_events_bc, |cl: Arc<Cluster>| {
             let ns = cl.namespace()?;
             let r = cl.spec.infrastructure_ref.clone()?;

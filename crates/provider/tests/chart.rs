@@ -31,7 +31,8 @@ use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, PostParams,
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch, PatchParams,
+    PostParams,
 };
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::watch;
@@ -550,7 +551,16 @@ async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_clus
         .await
         .expect("the provider binds bootsman:host in a pool");
     let enrolled = env.client_for("byoh:host:h1", &["byoh:hosts"]).await;
-    let mut host = Host::register(enrolled.clone(), &pool, "h1", &[("role", "worker")], true).await;
+    let mut host = Host::register(enrolled.clone(), &pool, "h1", &[], true).await;
+    // Placement is the admin's: the role label that the Machine's selector asks for.
+    Api::<ByoHost>::namespaced(admin.clone(), &pool)
+        .patch(
+            "h1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"role": "worker"}}})),
+        )
+        .await
+        .unwrap();
     // The provider hands the binding to the ByoHost; only then may the host renew.
     let uid = host.get().await.uid().unwrap();
     wait_for("the ByoHost to own its pool RoleBinding", WAIT, || async {

@@ -58,8 +58,7 @@ fn bindings(site: &Site) -> Api<RoleBinding> {
 /// Creates host `name`'s ByoHost with its own client, as a dry run: the authorization of a
 /// registration without leaving anything behind.
 async fn try_register(client: &kube::Client, ns: &str, name: &str) -> Result<ByoHost, kube::Error> {
-    let mut h = ByoHost::new(name, ByoHostSpec::default());
-    h.metadata.namespace = Some(ns.into());
+    let h = ByoHost::registered(name, ns);
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -239,8 +238,7 @@ async fn a_deleted_host_loses_its_pool_access() {
     .await;
 
     // The host's certificate is still valid, and buys nothing in the pool.
-    let mut again = ByoHost::new(name, ByoHostSpec::default());
-    again.metadata.namespace = Some(ns.clone());
+    let again = ByoHost::registered(name, &ns);
     refused_by_rbac(
         "the deleted host creates its ByoHost",
         Api::<ByoHost>::namespaced(identity.clone(), &ns)

@@ -12,7 +12,7 @@ use bootsman_runtime::conditions;
 use bootsman_testenv::TestEnv;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// How long "eventually" waits.
@@ -95,6 +95,53 @@ impl Pool {
         )
         .await;
         Self { env, ns, admin }
+    }
+
+    /// Sets label `key=value` on ByoHost `host` as an admin does (placement labels are the
+    /// admin's; a host sets only its own, under `host.bootsman.io/`).
+    pub async fn label(&self, host: &str, key: &str, value: &str) {
+        Api::<ByoHost>::namespaced(self.admin.clone(), &self.ns)
+            .patch(
+                host,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {key: value}}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Applies `config/rbac` (the host roles and the host policy) and waits until the policy
+    /// refuses a host's placement label, so that what follows runs under it.
+    pub async fn with_host_policy(&self) {
+        let dir = bootsman_testenv::repo_root().join("config/rbac");
+        self.env.apply_kustomization(&dir).unwrap();
+        let probe = self
+            .env
+            .client_for("byoh:host:policy-probe", &["byoh:hosts"])
+            .await;
+        let hosts: Api<ByoHost> = Api::namespaced(probe, &self.ns);
+        let admin_hosts: Api<ByoHost> = Api::namespaced(self.admin.clone(), &self.ns);
+        let body = json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "ByoHost",
+            "metadata": {"name": "policy-probe", "labels": {"role": "control-plane"}}, "spec": {},
+        });
+        eventually("the host policy refuses placement labels", || async {
+            match hosts
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(body.clone()).unwrap(),
+                )
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.message.contains("host.bootsman.io/") => Some(()),
+                Ok(_) => {
+                    let _ = admin_hosts.delete("policy-probe", &Default::default()).await;
+                    None
+                }
+                Err(_) => None,
+            }
+        })
+        .await;
     }
 
     /// A fresh pool namespace in the shared control plane.

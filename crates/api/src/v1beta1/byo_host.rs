@@ -163,6 +163,18 @@ pub struct ByoHostStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl ByoHost {
+    /// A ByoHost as an agent registers it: `name` in pool `namespace`, an empty spec, no labels.
+    /// (`ByoHost::new` also copies the CRD's own labels, the clusterctl ones, onto the object; a
+    /// host may not set those, because labels outside `host.bootsman.io/` are admins'.)
+    pub fn registered(name: &str, namespace: &str) -> Self {
+        let mut h = Self::new(name, ByoHostSpec::default());
+        h.metadata.labels = None;
+        h.metadata.namespace = Some(namespace.into());
+        h
+    }
+}
+
 /// Lifecycle phase of a host.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum HostPhase {

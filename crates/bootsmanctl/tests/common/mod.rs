@@ -220,10 +220,9 @@ pub fn host_user(name: &str) -> String {
 /// hands it its pool RoleBinding as the provider's host-health controller does (the ByoHost
 /// becomes the binding's owner): the state in which a host may renew its certificate.
 pub async fn register(env: &TestEnv, client: &kube::Client, pool: &str, host: &str) -> String {
-    use bootsman_api::v1beta1::{ByoHost, ByoHostSpec};
+    use bootsman_api::v1beta1::ByoHost;
     use kube::{Resource, ResourceExt};
-    let mut h = ByoHost::new(host, ByoHostSpec::default());
-    h.metadata.namespace = Some(pool.into());
+    let h = ByoHost::registered(host, pool);
     let h = Api::<ByoHost>::namespaced(client.clone(), pool)
         .create(&PostParams::default(), &h)
         .await

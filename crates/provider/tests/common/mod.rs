@@ -125,13 +125,28 @@ impl Site {
         self.providers.push((tx, handle));
     }
 
-    /// Registers a host as its agent would, with a fresh Lease when `online`.
+    /// Registers a host as its agent would, with a fresh Lease when `online`; then an admin sets
+    /// the `labels` outside `host.bootsman.io/` (placement labels, which a host may not set).
     pub async fn host(&self, name: &str, labels: &[(&str, &str)], online: bool) -> Host {
         let client = self
             .env
             .client_for(&format!("byoh:host:{name}"), &["byoh:hosts"])
             .await;
-        Host::register(client, &self.ns, name, labels, online).await
+        let own_label = |(k, _): &(&str, &str)| k.starts_with(bootsman_api::labels::HOST_OWNED_PREFIX);
+        let own: Vec<(&str, &str)> = labels.iter().copied().filter(own_label).collect();
+        let admins: BTreeMap<&str, &str> = labels.iter().copied().filter(|l| !own_label(l)).collect();
+        let host = Host::register(client, &self.ns, name, &own, online).await;
+        if !admins.is_empty() {
+            Api::<ByoHost>::namespaced(self.admin.clone(), &self.ns)
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": admins}})),
+                )
+                .await
+                .unwrap();
+        }
+        host
     }
 
     /// Registers a healthy host without labels, with the admin's client (for tests about the
@@ -322,8 +337,7 @@ impl Host {
         labels: &[(&str, &str)],
         online: bool,
     ) -> Host {
-        let mut h = ByoHost::new(name, ByoHostSpec::default());
-        h.metadata.namespace = Some(ns.into());
+        let mut h = ByoHost::registered(name, ns);
         h.metadata.labels = Some(
             labels
                 .iter()
