@@ -18,6 +18,11 @@ pub struct Config {
     pub release_timeout: Duration,
     /// Name under which Events are reported and field managers are named.
     pub instance: String,
+    /// The namespaces whose Secrets the provider reads and writes (bootstrap data, workload
+    /// kubeconfigs, the per-host copies), when its rights to Secrets are namespaced; its cache of
+    /// cluster Secrets then watches each of them instead of every namespace. Empty: every
+    /// namespace (or [`Self::namespace`] alone).
+    pub secret_namespaces: Vec<String>,
 }
 
 impl Default for Config {
@@ -28,6 +33,7 @@ impl Default for Config {
             shared_pools: Vec::new(),
             release_timeout: Duration::from_secs(15 * 60),
             instance: "bootsman-provider".into(),
+            secret_namespaces: Vec::new(),
         }
     }
 }

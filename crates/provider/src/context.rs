@@ -121,11 +121,12 @@ pub struct Context {
     /// Metrics.
     pub metrics: Metrics,
     /// The Secrets of Cluster API clusters (labelled `cluster.x-k8s.io/cluster-name`, as CAPI
-    /// labels bootstrap data and kubeconfigs) in the watched namespace: read here before asking
-    /// the API server. A cache only: a Secret missing from it is read from the API server.
-    pub cluster_secrets: Store<Secret>,
-    /// Stops the watch that fills [`Self::cluster_secrets`] when the context goes.
-    _secrets_watch: AbortOnDrop,
+    /// labels bootstrap data and kubeconfigs) in the watched namespaces: read here before asking
+    /// the API server. A cache only: a Secret missing from it is read from the API server. One
+    /// store per watched namespace (`None`: one watch of every namespace).
+    cluster_secrets: Vec<(Option<String>, Store<Secret>)>,
+    /// Stops the watches that fill [`Self::cluster_secrets`] when the context goes.
+    _secrets_watches: Vec<AbortOnDrop>,
 }
 
 /// Aborts a background task when dropped.
@@ -166,7 +167,20 @@ impl Context {
             instance: std::env::var("POD_NAME").ok(),
         };
         let recorder = Recorder::new(client.clone(), reporter);
-        let (cluster_secrets, secrets_watch) = watch_cluster_secrets(&client, config.namespace.as_deref());
+        // Watched where the provider may read Secrets: the namespaces it is told about, else its
+        // one namespace, else all.
+        let namespaces: Vec<Option<String>> = if config.secret_namespaces.is_empty() {
+            vec![config.namespace.clone()]
+        } else {
+            config.secret_namespaces.iter().cloned().map(Some).collect()
+        };
+        let mut cluster_secrets = Vec::new();
+        let mut secrets_watches = Vec::new();
+        for ns in namespaces {
+            let (store, watch) = watch_cluster_secrets(&client, ns.as_deref());
+            cluster_secrets.push((ns, store));
+            secrets_watches.push(watch);
+        }
         Arc::new(Self {
             client,
             config,
@@ -181,14 +195,20 @@ impl Context {
             recorder,
             metrics,
             cluster_secrets,
-            _secrets_watch: secrets_watch,
+            _secrets_watches: secrets_watches,
         })
     }
 
     /// A Secret in `namespace`: from the cache of cluster Secrets when it is there, else from the
     /// API server (`None` when it does not exist).
     pub async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Arc<Secret>>, kube::Error> {
-        if let Some(s) = self.cluster_secrets.get(&ObjectRef::new(name).within(namespace)) {
+        let key = ObjectRef::new(name).within(namespace);
+        let cached = self
+            .cluster_secrets
+            .iter()
+            .filter(|(ns, _)| ns.as_deref().is_none_or(|ns| ns == namespace))
+            .find_map(|(_, store)| store.get(&key));
+        if let Some(s) = cached {
             return Ok(Some(s));
         }
         let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), namespace);

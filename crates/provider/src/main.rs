@@ -25,6 +25,11 @@ struct Args {
     /// machine always may use hosts of its own namespace.
     #[arg(long = "pool", value_parser = SharedPool::parse)]
     pools: Vec<SharedPool>,
+    /// The namespaces whose Secrets the provider may read and write, when its rights to Secrets
+    /// are namespaced (the chart's `namespaces`; comma-separated): its cache of cluster Secrets
+    /// watches each of them instead of every namespace. Every namespace when empty.
+    #[arg(long, env = "BOOTSMAN_SECRET_NAMESPACES", value_delimiter = ',')]
+    secret_namespaces: Vec<String>,
     /// How long a released host may take to report CleanupSucceeded before it is quarantined.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     release_timeout: Duration,
@@ -97,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
         watch_filter: args.watch_filter,
         shared_pools: args.pools,
         release_timeout: args.release_timeout,
+        secret_namespaces: args.secret_namespaces,
         ..Config::default()
     };
     let metrics = Arc::new(Metrics::new()?);

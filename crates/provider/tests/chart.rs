@@ -162,6 +162,7 @@ fn values_that_break_the_schema_are_refused_with_the_field_named() {
         ("provider.releaseTimeout=soon", "releaseTimeout"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("operator.unknownKnob=1", "unknownKnob"),
+        ("namespaces={Pool_A}", "namespaces"),
     ] {
         let out = helm(None, &["template", "bootsman", chart, "--set", set]);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -176,30 +177,43 @@ fn values_that_break_the_schema_are_refused_with_the_field_named() {
 /// A control plane of its own (the chart's cluster-scoped objects must not meet other tests')
 /// with the chart installed into `bootsman-system` as an operator would (CRDs are already there).
 async fn installed_chart() -> TestEnv {
+    installed_chart_for(&[]).await.0
+}
+
+/// [`installed_chart`] with a namespace made for each of `prefixes` first and the chart told
+/// about them (`--set namespaces={...}`): Secrets rights in those namespaces only. Returns the
+/// namespaces' names too.
+async fn installed_chart_for(prefixes: &[&str]) -> (TestEnv, Vec<String>) {
     let env = TestEnv::start(Options::default())
         .await
         .expect("start the control plane");
+    let mut namespaces = Vec::new();
+    for p in prefixes {
+        namespaces.push(env.create_namespace(p).await);
+    }
     let chart = chart();
-    let out = helm(
-        Some(&env),
-        &[
-            "install",
-            "bootsman",
-            chart.to_str().unwrap(),
-            "--namespace",
-            "bootsman-system",
-            "--create-namespace",
-            "--skip-crds",
-            "--wait=false",
-        ],
-    );
+    let set = format!("namespaces={{{}}}", namespaces.join(","));
+    let mut args = vec![
+        "install",
+        "bootsman",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "bootsman-system",
+        "--create-namespace",
+        "--skip-crds",
+        "--wait=false",
+    ];
+    if !namespaces.is_empty() {
+        args.extend(["--set", set.as_str()]);
+    }
+    let out = helm(Some(&env), &args);
     assert!(
         out.status.success(),
         "helm install: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    env
+    (env, namespaces)
 }
 
 async fn token_client(env: &TestEnv, admin: &Client, ns: &str, sa: &str) -> Client {
@@ -230,6 +244,17 @@ async fn token_client(env: &TestEnv, admin: &Client, ns: &str, sa: &str) -> Clie
     Client::try_from(config).unwrap()
 }
 
+/// Allowed by RBAC: the object may or may not exist.
+#[track_caller]
+fn allowed_or_missing<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
+    match result {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        other => panic!("{what}: expected it allowed, got {other:?}"),
+    }
+}
+
+#[track_caller]
 fn forbidden<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
     match result {
         Err(kube::Error::Api(s)) if s.code == 403 => {}
@@ -305,6 +330,21 @@ async fn installed_chart_grants_each_component_what_it_needs_and_no_more() {
         "operator creates a Secret",
         secrets.create(&PostParams::default(), &secret).await,
     );
+    // It asks for a kubeconfig Secret by name; it never lists or watches Secrets.
+    allowed_or_missing(
+        "operator reads a kubeconfig Secret by name",
+        secrets.get_metadata_opt("c1-kubeconfig").await,
+    );
+    forbidden(
+        "operator lists Secrets",
+        secrets.list_metadata(&ListParams::default()).await,
+    );
+    forbidden(
+        "operator lists the Secrets of every namespace",
+        Api::<Secret>::all(operator.clone())
+            .list_metadata(&ListParams::default())
+            .await,
+    );
     let csrs: Api<CertificateSigningRequest> = Api::all(operator.clone());
     forbidden("operator lists CSRs", csrs.list(&ListParams::default()).await);
     let host = hosts.list(&ListParams::default()).await.unwrap();
@@ -314,6 +354,88 @@ async fn installed_chart_grants_each_component_what_it_needs_and_no_more() {
         "operator deletes ByoHosts",
         hosts_ns
             .delete_collection(&Default::default(), &ListParams::default())
+            .await,
+    );
+}
+
+/// Told its pool and cluster namespaces (`namespaces`), the chart gives the controllers Secrets
+/// there and nowhere else: not in another namespace, not across all namespaces, and in
+/// kube-system only the approver's get, update and delete of bootstrap tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_chart_keeps_the_controllers_out_of_other_secrets() {
+    let (env, namespaces) = installed_chart_for(&["pool", "clusters"]).await;
+    let (pool, clusters) = (&namespaces[0], &namespaces[1]);
+    let admin = env.client().await;
+    let elsewhere = env.create_namespace("team-secrets").await;
+    let provider = token_client(&env, &admin, RELEASE_NS, "bootsman-provider").await;
+    let operator = token_client(&env, &admin, RELEASE_NS, "bootsman-operator").await;
+    let secret = |name: &str| Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+
+    // The provider: everything with Secrets of its namespaces.
+    for ns in [pool, clusters] {
+        let api: Api<Secret> = Api::namespaced(provider.clone(), ns);
+        api.list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("provider lists Secrets in {ns}: {e}"));
+        api.create(&PostParams::default(), &secret("host-copy"))
+            .await
+            .unwrap_or_else(|e| panic!("provider writes a Secret in {ns}: {e}"));
+    }
+    // Nothing elsewhere.
+    let other: Api<Secret> = Api::namespaced(provider.clone(), &elsewhere);
+    forbidden(
+        "provider lists another namespace's Secrets",
+        other.list(&ListParams::default()).await,
+    );
+    forbidden(
+        "provider reads another namespace's Secret",
+        other.get("anything").await,
+    );
+    forbidden(
+        "provider writes a Secret in another namespace",
+        other.create(&PostParams::default(), &secret("planted")).await,
+    );
+    forbidden(
+        "provider lists the Secrets of every namespace",
+        Api::<Secret>::all(provider.clone())
+            .list(&ListParams::default())
+            .await,
+    );
+    // kube-system: a bootstrap token by name, never a list.
+    let tokens: Api<Secret> = Api::namespaced(provider.clone(), "kube-system");
+    allowed_or_missing(
+        "the approver reads a bootstrap token by name",
+        tokens.get("bootstrap-token-abcdef").await,
+    );
+    forbidden(
+        "the approver lists kube-system's Secrets",
+        tokens.list(&ListParams::default()).await,
+    );
+    forbidden(
+        "the approver writes a Secret in kube-system",
+        tokens.create(&PostParams::default(), &secret("planted")).await,
+    );
+
+    // The operator: a kubeconfig Secret by name in a cluster namespace, nothing more.
+    let kubeconfigs: Api<Secret> = Api::namespaced(operator.clone(), clusters);
+    allowed_or_missing(
+        "operator reads a kubeconfig Secret by name",
+        kubeconfigs.get_metadata_opt("c1-kubeconfig").await,
+    );
+    forbidden(
+        "operator lists Secrets of a cluster namespace",
+        kubeconfigs.list_metadata(&ListParams::default()).await,
+    );
+    forbidden(
+        "operator reads a Secret in another namespace",
+        Api::<Secret>::namespaced(operator.clone(), &elsewhere)
+            .get_metadata_opt("c1-kubeconfig")
             .await,
     );
 }
@@ -357,16 +479,20 @@ impl Component {
     }
 }
 
-/// The provider as `bootsman-provider` runs it with the chart's defaults: every namespace, the
-/// default release timeout, and the host CSR approver next to the controllers.
-async fn start_provider(client: &Client) -> Component {
+/// The provider as `bootsman-provider` runs it from the chart: every namespace, Secrets of
+/// `secret_namespaces` (the chart's `namespaces`), the default release timeout, and the host CSR
+/// approver next to the controllers.
+async fn start_provider(client: &Client, secret_namespaces: Vec<String>) -> Component {
     Component::start(client, "bootsman-provider", |client, shutdown| async move {
         let shutdown = futures::FutureExt::shared(shutdown);
         let metrics = Arc::new(Metrics::new().unwrap());
         let (controllers, approver) = tokio::join!(
             bootsman_provider::run(
                 client.clone(),
-                bootsman_provider::Config::default(),
+                bootsman_provider::Config {
+                    secret_namespaces,
+                    ..Default::default()
+                },
                 metrics.clone(),
                 shutdown.clone(),
             ),
@@ -515,7 +641,9 @@ fn provisioned(bm: &ByoMachine) -> bool {
 /// is provisioned and released clean; a BootsmanCluster is rendered into CAPI objects and deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_cluster() {
-    let env = installed_chart().await;
+    // The chart confines Secrets to the pool and cluster namespaces it is told about.
+    let (env, namespaces) = installed_chart_for(&["pool", "clusters"]).await;
+    let (pool, clusters_ns) = (namespaces[0].clone(), namespaces[1].clone());
     let admin = env.client().await;
 
     // The chart ships the host roles and admission policies of config/rbac.
@@ -541,12 +669,11 @@ async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_clus
 
     let provider_sa = token_client(&env, &admin, RELEASE_NS, "bootsman-provider").await;
     let operator_sa = token_client(&env, &admin, RELEASE_NS, "bootsman-operator").await;
-    let provider = start_provider(&provider_sa).await;
+    let provider = start_provider(&provider_sa, namespaces.clone()).await;
     let operator = start_operator(&operator_sa).await;
 
     // A host of pool `pool`: the rights the approver grants at enrollment (bootsman:host in the
     // pool only, bound with the provider's own rights), then a renewal the approver decides.
-    let pool = env.create_namespace("pool").await;
     bootsman_provider::csr_approver::grant_pool_access(&provider_sa, &pool, "h1")
         .await
         .expect("the provider binds bootsman:host in a pool");
@@ -657,7 +784,6 @@ async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_clus
 
     // The operator renders the sample into CAPI objects without a refusal, and lets it go.
     operator_common::install_helm_chart_proxy_crd(&env).await;
-    let clusters_ns = env.create_namespace("clusters").await;
     let bcs: Api<BootsmanCluster> = Api::namespaced(admin.clone(), &clusters_ns);
     let sample = bcs
         .create(&PostParams::default(), &operator_common::sample(&clusters_ns))
