@@ -7,7 +7,11 @@ pub const CAPI_CONTRACT_V1BETA2: &str = "cluster.x-k8s.io/v1beta2";
 pub const CLUSTERCTL: &str = "clusterctl.cluster.x-k8s.io";
 /// CRD label that makes `clusterctl move` move objects of this kind even without an owner chain.
 pub const CLUSTERCTL_MOVE: &str = "clusterctl.cluster.x-k8s.io/move";
-/// Annotation that blocks `clusterctl move` while a claim or release is half done.
+/// CRD label that makes `clusterctl move` move objects of this kind with everything they own
+/// (the BootsmanCluster owns its CAPI Cluster).
+pub const CLUSTERCTL_MOVE_HIERARCHY: &str = "clusterctl.cluster.x-k8s.io/move-hierarchy";
+/// Annotation that blocks `clusterctl move` while a claim or release is half done, and while the
+/// operator reconciles a BootsmanCluster (it removes it once it has seen the Cluster paused).
 pub const CLUSTERCTL_BLOCK_MOVE: &str = "clusterctl.cluster.x-k8s.io/block-move";
 /// Label CAPI puts on every object belonging to a cluster; the operator puts it on what it renders.
 pub const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
@@ -17,6 +21,11 @@ pub const CONTROL_PLANE: &str = "cluster.x-k8s.io/control-plane";
 pub const DEPLOYMENT_NAME: &str = "cluster.x-k8s.io/deployment-name";
 /// Annotation that pauses reconciliation of one object (CAPI convention).
 pub const PAUSED: &str = "cluster.x-k8s.io/paused";
+/// Annotation the operator puts on a BootsmanCluster it stopped reconciling because its Cluster
+/// was paused (as `clusterctl move` pauses it): it moves with the BootsmanCluster, so neither the
+/// source (whose Cluster is deleted next) nor the target (whose Cluster arrives later, paused)
+/// recreates anything; the operator removes it once it sees the Cluster unpaused.
+pub const PAUSED_WITH_CLUSTER: &str = "bootsman.io/paused-with-cluster";
 /// Label on a CAPI Cluster that Rancher Turtles watches to import the cluster automatically.
 pub const RANCHER_AUTO_IMPORT: &str = "cluster-api.cattle.io/rancher-auto-import";
 /// Standard zone label; on a ByoHost it becomes a failure domain of the ByoClusters that may use

@@ -9,6 +9,13 @@
 //! - Deletion: the finalizer [`FINALIZER`] stays until the CAPI Cluster (deleted in the
 //!   foreground, so CAPI tears the machines down and the provider releases the hosts) is gone.
 //! - Status is written only when it changed.
+//! - Pause: a BootsmanCluster with the `cluster.x-k8s.io/paused` annotation, or whose CAPI Cluster
+//!   has `spec.paused` (as `clusterctl move` sets it), is not reconciled (`Paused=True`). While it
+//!   reconciles, the operator keeps `clusterctl.cluster.x-k8s.io/block-move` on it, and removes it
+//!   only in a reconcile that saw the pause, so `clusterctl move` copies nothing before the
+//!   operator has stopped. Paused with its Cluster, it also gets `bootsman.io/paused-with-cluster`,
+//!   which travels with the move: the source stays still while clusterctl deletes its Cluster, the
+//!   target waits for its Cluster to arrive and be unpaused, and only then resumes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,6 +46,8 @@ use crate::validate::validate;
 pub const MANAGER: &str = "bootsman-operator";
 /// Finalizer that keeps a BootsmanCluster until its CAPI Cluster is gone.
 pub const FINALIZER: &str = "bootsman.io/cluster-cleanup";
+/// The value of the operator's `clusterctl.cluster.x-k8s.io/block-move` annotation.
+const BLOCK_MOVE_REASON: &str = "reconciled by bootsman-operator: pause the Cluster to move it";
 /// How often a healthy cluster is looked at again (status counts come from CAPI).
 const RESYNC: Duration = Duration::from_secs(60);
 /// How soon a cluster is looked at again while it is being deleted or is not ready.
@@ -136,13 +145,25 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
     let name = bc.name_any();
     let api: Api<BootsmanCluster> = Api::namespaced(ctx.client.clone(), &ns);
 
+    let cluster = Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&name)
+        .await
+        .map_err(kube_err(format!("reading Cluster {ns}/{name}")))?;
+    let pause = pause_state(bc, cluster.as_ref());
+    if let Some(action) = honour_pause(bc, ctx, &api, &pause).await? {
+        return Ok(action);
+    }
     if bc.metadata.deletion_timestamp.is_some() {
         return finalize(bc, ctx, &api).await;
     }
     if !bc.finalizers().iter().any(|f| f == FINALIZER) {
         let mut fins = bc.finalizers().to_vec();
         fins.push(FINALIZER.into());
-        let patch = json!({"metadata": {"finalizers": fins, "resourceVersion": bc.resource_version()}});
+        let patch = json!({"metadata": {
+            "finalizers": fins,
+            "annotations": {labels::CLUSTERCTL_BLOCK_MOVE: BLOCK_MOVE_REASON},
+            "resourceVersion": bc.resource_version(),
+        }});
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kube_err(format!("adding finalizer to {ns}/{name}")))?;
@@ -209,7 +230,17 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
         .await;
     }
 
-    let status = observe(bc, ctx, status, addons_missing).await?;
+    let mut status = observe(bc, ctx, status, addons_missing).await?;
+    let now = conditions::now();
+    set(
+        &mut status.conditions,
+        "Paused",
+        Status::False,
+        "NotPaused",
+        "",
+        generation,
+        &now,
+    );
     let requeue = if conditions::is_true(&status.conditions, "Ready") {
         RESYNC
     } else {
@@ -217,6 +248,125 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
     };
     write_status(bc, ctx, &api, status).await?;
     Ok(Action::requeue(requeue))
+}
+
+/// Whether a BootsmanCluster is reconciled (see the module docs).
+#[derive(Debug, PartialEq, Eq)]
+enum Pause {
+    /// Reconciled; `resumed` when it was paused with its Cluster until now.
+    Running {
+        /// The `bootsman.io/paused-with-cluster` annotation is still there.
+        resumed: bool,
+    },
+    /// Not reconciled, for this reason.
+    Paused {
+        /// Why, for the `Paused` condition.
+        reason: String,
+        /// Paused because of its Cluster: marked with `bootsman.io/paused-with-cluster`.
+        with_cluster: bool,
+    },
+}
+
+/// Decides the pause from the BootsmanCluster's annotations and its Cluster (`None`: missing).
+fn pause_state(bc: &BootsmanCluster, cluster: Option<&Cluster>) -> Pause {
+    let annotations = bc.annotations();
+    let marked = annotations.contains_key(labels::PAUSED_WITH_CLUSTER);
+    if annotations.contains_key(labels::PAUSED) {
+        return Pause::Paused {
+            reason: format!("the BootsmanCluster has the {} annotation", labels::PAUSED),
+            with_cluster: false,
+        };
+    }
+    match cluster {
+        Some(c) if c.spec.paused == Some(true) => Pause::Paused {
+            reason: format!(
+                "Cluster {} has spec.paused set (clusterctl move pauses it while it moves the cluster)",
+                c.name_any()
+            ),
+            with_cluster: true,
+        },
+        None if marked => Pause::Paused {
+            reason: format!(
+                "paused with its Cluster, which does not exist now (clusterctl move deletes it from \
+                 the source and creates it, paused, in the target); remove the annotation {} to \
+                 recreate it",
+                labels::PAUSED_WITH_CLUSTER
+            ),
+            with_cluster: true,
+        },
+        _ => Pause::Running { resumed: marked },
+    }
+}
+
+/// Keeps the annotations of the pause protocol (see the module docs) and, while paused, records
+/// `Paused=True` and stops the reconcile (`Some`).
+async fn honour_pause(
+    bc: &BootsmanCluster,
+    ctx: &Context,
+    api: &Api<BootsmanCluster>,
+    pause: &Pause,
+) -> Result<Option<Action>, Error> {
+    let name = bc.name_any();
+    let annotations = bc.annotations();
+    let blocking = annotations.contains_key(labels::CLUSTERCTL_BLOCK_MOVE);
+    let marked = annotations.contains_key(labels::PAUSED_WITH_CLUSTER);
+    match pause {
+        Pause::Running { resumed } => {
+            // A new cluster gets block-move with its finalizer, in one write.
+            let has_finalizer = bc.finalizers().iter().any(|f| f == FINALIZER);
+            if (!blocking && has_finalizer) || *resumed {
+                let patch = json!({"metadata": {"annotations": {
+                    labels::CLUSTERCTL_BLOCK_MOVE: BLOCK_MOVE_REASON,
+                    labels::PAUSED_WITH_CLUSTER: null,
+                }}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(kube_err(format!("marking {name} as reconciled")))?;
+            }
+            if *resumed {
+                event(
+                    ctx,
+                    bc,
+                    EventType::Normal,
+                    "Resumed",
+                    "its Cluster is no longer paused",
+                )
+                .await;
+            }
+            Ok(None)
+        }
+        Pause::Paused { reason, with_cluster } => {
+            if blocking || (*with_cluster && !marked) {
+                let mut a = serde_json::Map::new();
+                a.insert(labels::CLUSTERCTL_BLOCK_MOVE.into(), Value::Null);
+                if *with_cluster {
+                    a.insert(labels::PAUSED_WITH_CLUSTER.into(), json!("true"));
+                }
+                let patch = json!({"metadata": {"annotations": a}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(kube_err(format!("marking {name} as paused")))?;
+            }
+            let mut status = bc.status.clone().unwrap_or_default();
+            let was_paused = conditions::is_true(&status.conditions, "Paused");
+            let now = conditions::now();
+            let generation = bc.metadata.generation;
+            set(
+                &mut status.conditions,
+                "Paused",
+                Status::True,
+                "Paused",
+                reason,
+                generation,
+                &now,
+            );
+            write_status(bc, ctx, api, status).await?;
+            if !was_paused {
+                event(ctx, bc, EventType::Normal, "Paused", reason).await;
+            }
+            Ok(Some(Action::await_change()))
+        }
+    }
 }
 
 /// Applies `obj` unless every field it sets already has that value in the stored object (so a
@@ -747,7 +897,11 @@ async fn finalize(bc: &BootsmanCluster, ctx: &Context, api: &Api<BootsmanCluster
                 .filter(|f| *f != FINALIZER)
                 .cloned()
                 .collect();
-            let patch = json!({"metadata": {"finalizers": fins, "resourceVersion": bc.resource_version()}});
+            let patch = json!({"metadata": {
+                "finalizers": fins,
+                "annotations": {labels::CLUSTERCTL_BLOCK_MOVE: BLOCK_MOVE_REASON},
+                "resourceVersion": bc.resource_version(),
+            }});
             api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map_err(kube_err(format!("removing finalizer of {ns}/{name}")))?;
@@ -810,7 +964,12 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
+    let capi_clusters: Api<Cluster> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     let mut controller = Controller::new(api(&client), watcher::Config::default())
+        .owns(capi_clusters, watcher::Config::default())
         .owns(kcps, watcher::Config::default())
         .owns(mds, watcher::Config::default());
     for hosts in hosts {
@@ -837,6 +996,81 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bootsman_cluster(annotations: &[&str]) -> BootsmanCluster {
+        let mut bc: BootsmanCluster = serde_json::from_value(json!({
+            "apiVersion": "bootsman.io/v1alpha1",
+            "kind": "BootsmanCluster",
+            "metadata": {"name": "c1", "namespace": "team"},
+            "spec": {
+                "kubernetesVersion": "v1.36.3",
+                "controlPlane": {"replicas": 3, "endpoint": {"host": "10.0.0.10"}},
+                "workers": [{"name": "pool", "replicas": 3}],
+            },
+        }))
+        .unwrap();
+        bc.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|a| ((*a).to_string(), String::new()))
+                .collect(),
+        );
+        bc
+    }
+
+    fn capi_cluster(paused: Option<bool>) -> Cluster {
+        let mut c: Cluster = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Cluster",
+            "metadata": {"name": "c1", "namespace": "team"},
+            "spec": {},
+        }))
+        .unwrap();
+        c.spec.paused = paused;
+        c
+    }
+
+    #[test]
+    fn the_pause_follows_the_annotation_and_the_cluster_and_outlives_a_moved_cluster() {
+        let running = |resumed| Pause::Running { resumed };
+        let paused =
+            |p: &Pause, with: bool| matches!(p, Pause::Paused { with_cluster, .. } if *with_cluster == with);
+        // Ordinary life: reconciled, with or without a Cluster yet.
+        assert_eq!(pause_state(&bootsman_cluster(&[]), None), running(false));
+        assert_eq!(
+            pause_state(&bootsman_cluster(&[]), Some(&capi_cluster(None))),
+            running(false)
+        );
+        assert_eq!(
+            pause_state(&bootsman_cluster(&[]), Some(&capi_cluster(Some(false)))),
+            running(false)
+        );
+        // An admin's pause: whatever the Cluster says.
+        let admin = bootsman_cluster(&[labels::PAUSED]);
+        assert!(paused(
+            &pause_state(&admin, Some(&capi_cluster(Some(false)))),
+            false
+        ));
+        assert!(paused(&pause_state(&admin, None), false));
+        // clusterctl move: the Cluster paused, then deleted from the source; the target's
+        // BootsmanCluster arrives marked before its Cluster, which arrives paused.
+        assert!(paused(
+            &pause_state(&bootsman_cluster(&[]), Some(&capi_cluster(Some(true)))),
+            true
+        ));
+        let marked = bootsman_cluster(&[labels::PAUSED_WITH_CLUSTER]);
+        assert!(paused(&pause_state(&marked, None), true));
+        assert!(paused(
+            &pause_state(&marked, Some(&capi_cluster(Some(true)))),
+            true
+        ));
+        // ... and resumes once its Cluster is unpaused.
+        assert_eq!(
+            pause_state(&marked, Some(&capi_cluster(Some(false)))),
+            running(true)
+        );
+        assert_eq!(pause_state(&marked, Some(&capi_cluster(None))), running(true));
+    }
 
     fn cond(type_: &str, status: &str, message: &str) -> Condition {
         Condition {

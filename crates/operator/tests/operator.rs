@@ -436,3 +436,110 @@ async fn a_rendered_field_changed_by_someone_else_is_set_back() {
     .await;
     op.stop().await;
 }
+
+/// `clusterctl move` as the operator meets it, on the source and then on the target: the Cluster
+/// paused, the operator's `block-move` gone only once it has stopped (and the cluster marked
+/// paused with its Cluster), the Cluster deleted without being recreated, the Cluster arriving
+/// paused on the target, and the operator resuming only when it is unpaused.
+#[tokio::test]
+async fn a_move_pauses_the_operator_until_the_cluster_is_unpaused() {
+    use bootsman_api::labels::{CLUSTERCTL_BLOCK_MOVE, PAUSED_WITH_CLUSTER};
+    let env = env().await;
+    let ns = env.create_namespace("op-move").await;
+    let client = env.client().await;
+    let op = Operator::start(env, &ns).await;
+    let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &sample(&ns)).await.unwrap();
+    let annotated = |bc: &BootsmanCluster, key: &str| bc.annotations().contains_key(key);
+    let paused = |bc: &BootsmanCluster| {
+        let s = bc.status.as_ref()?;
+        Some(s.conditions.iter().find(|c| c.type_ == "Paused")?.status.clone())
+    };
+
+    until("block-move while the operator reconciles", WAIT, || {
+        let api = api.clone();
+        async move { annotated(&api.get("demo").await.ok()?, CLUSTERCTL_BLOCK_MOVE).then_some(()) }
+    })
+    .await;
+    let cluster = until("the Cluster", WAIT, || {
+        let clusters = clusters.clone();
+        async move { clusters.get_opt("demo").await.ok().flatten() }
+    })
+    .await;
+
+    // Source: clusterctl pauses the Cluster and waits for block-move to go.
+    let pause = |p: bool| Patch::Merge(json!({"spec": {"paused": p}}));
+    clusters
+        .patch("demo", &PatchParams::default(), &pause(true))
+        .await
+        .unwrap();
+    let bc = until("the operator to let the move go on", WAIT, || {
+        let api = api.clone();
+        async move {
+            let bc = api.get("demo").await.ok()?;
+            let stopped = !annotated(&bc, CLUSTERCTL_BLOCK_MOVE)
+                && annotated(&bc, PAUSED_WITH_CLUSTER)
+                && paused(&bc).as_deref() == Some("True");
+            stopped.then_some(bc)
+        }
+    })
+    .await;
+    assert!(
+        condition(&bc, "Paused").message.contains("spec.paused"),
+        "{:?}",
+        condition(&bc, "Paused")
+    );
+    // clusterctl deletes the source's Cluster: the operator does not recreate it.
+    clusters.delete("demo", &DeleteParams::default()).await.unwrap();
+    until("the Cluster gone", WAIT, || {
+        let clusters = clusters.clone();
+        async move { clusters.get_opt("demo").await.unwrap().is_none().then_some(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        clusters.get_opt("demo").await.unwrap().is_none(),
+        "the paused operator recreated the Cluster"
+    );
+    let bc = api.get("demo").await.unwrap();
+    assert!(annotated(&bc, PAUSED_WITH_CLUSTER) && !annotated(&bc, CLUSTERCTL_BLOCK_MOVE));
+
+    // Target: the Cluster arrives as clusterctl creates it, paused, owned by the BootsmanCluster.
+    let mut arriving = cluster.clone();
+    arriving.metadata.uid = None;
+    arriving.metadata.resource_version = None;
+    arriving.metadata.creation_timestamp = None;
+    arriving.metadata.managed_fields = None;
+    arriving.metadata.owner_references.as_mut().unwrap()[0].uid = bc.uid().unwrap();
+    arriving.spec.paused = Some(true);
+    arriving.status = None;
+    clusters.create(&PostParams::default(), &arriving).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let bc = api.get("demo").await.unwrap();
+    assert_eq!(condition(&bc, "Paused").status, "True");
+    assert!(!annotated(&bc, CLUSTERCTL_BLOCK_MOVE));
+    // clusterctl unpauses it: the operator resumes and holds block-move again.
+    clusters
+        .patch("demo", &PatchParams::default(), &pause(false))
+        .await
+        .unwrap();
+    until("the operator to resume", WAIT, || {
+        let api = api.clone();
+        async move {
+            let bc = api.get("demo").await.ok()?;
+            let resumed = annotated(&bc, CLUSTERCTL_BLOCK_MOVE)
+                && !annotated(&bc, PAUSED_WITH_CLUSTER)
+                && paused(&bc).as_deref() == Some("False");
+            resumed.then_some(())
+        }
+    })
+    .await;
+    api.delete("demo", &DeleteParams::default()).await.unwrap();
+    until("BootsmanCluster gone", WAIT, || {
+        let api = api.clone();
+        async move { api.get_opt("demo").await.unwrap().is_none().then_some(()) }
+    })
+    .await;
+    op.stop().await;
+}

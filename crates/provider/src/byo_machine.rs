@@ -4,7 +4,8 @@
 //! owner Machine → Cluster → pause → cluster infrastructure provisioned →
 //! `Machine.spec.bootstrap.dataSecretName` → claim ([`claim`]) → bootstrap Secret ([`bootstrap`])
 //! → `spec.providerID` → the host reports `BootstrapSucceeded` → provisioned. Deletion releases
-//! the host ([`release`]).
+//! the host ([`release`]); a host whose machine went without that is released by the sweeper
+//! ([`orphans`]).
 //!
 //! Owns: the claim (`ByoHost.spec.machineRef`), the per-host bootstrap Secret, Role and
 //! RoleBinding in the host's namespace, `ByoMachine.spec.providerID` and status.
@@ -14,6 +15,7 @@
 
 pub mod bootstrap;
 pub mod claim;
+pub mod orphans;
 pub mod release;
 
 use std::sync::Arc;
@@ -233,12 +235,23 @@ async fn apply(
         bootstrap::delivered_event(&bm, ctx, &host).await;
     }
     let provider_id = format!("byoh://{host_ns}/{}", host.name_any());
-    if current.spec.provider_id.is_none() || current.annotations().contains_key(labels::CLUSTERCTL_BLOCK_MOVE)
+    let binding = host.spec.machine_ref.as_ref().map(|r| r.uid.as_str());
+    if current.spec.provider_id.is_none()
+        || current.annotations().contains_key(labels::CLUSTERCTL_BLOCK_MOVE)
+        || current
+            .annotations()
+            .get(claim::BINDING_ANNOTATION)
+            .map(String::as_str)
+            != binding
     {
-        // The claim and bootstrap hand-over are complete: record the providerID and let
-        // `clusterctl move` proceed again.
+        // The claim and bootstrap hand-over are complete: record the providerID and the binding
+        // id (missing on a machine claimed by an older provider), and let `clusterctl move`
+        // proceed again.
         let patch = json!({
-            "metadata": {"annotations": {labels::CLUSTERCTL_BLOCK_MOVE: null}},
+            "metadata": {"annotations": {
+                labels::CLUSTERCTL_BLOCK_MOVE: null,
+                claim::BINDING_ANNOTATION: binding,
+            }},
             "spec": {"providerID": provider_id},
         });
         current = api

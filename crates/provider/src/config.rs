@@ -1,5 +1,5 @@
 //! Provider settings: which namespaces it watches, which shared pools machines may draw hosts
-//! from, and how long a release may take.
+//! from, how long a release may take and how long a host whose machine is gone stays claimed.
 
 use std::time::Duration;
 
@@ -16,6 +16,9 @@ pub struct Config {
     pub shared_pools: Vec<SharedPool>,
     /// How long a released host may take to report `CleanupSucceeded` before it is quarantined.
     pub release_timeout: Duration,
+    /// How long a claimed host whose machine is gone stays claimed before it is released (see
+    /// [`crate::byo_machine::orphans`]).
+    pub orphan_grace: Duration,
     /// Name under which Events are reported and field managers are named.
     pub instance: String,
     /// The namespaces whose Secrets the provider reads and writes (bootstrap data, workload
@@ -32,6 +35,7 @@ impl Default for Config {
             watch_filter: None,
             shared_pools: Vec::new(),
             release_timeout: Duration::from_secs(15 * 60),
+            orphan_grace: Duration::from_secs(10 * 60),
             instance: "bootsman-provider".into(),
             secret_namespaces: Vec::new(),
         }

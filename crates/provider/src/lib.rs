@@ -6,7 +6,8 @@
 //!
 //! - [`byo_cluster`]: ByoCluster → provisioned endpoint and failure domains;
 //! - [`byo_machine`]: ByoMachine → a claimed host, its bootstrap data, `providerID`, and the
-//!   release of the host when the machine goes;
+//!   release of the host when the machine goes (and, by a sweeper, of a host whose machine went
+//!   without releasing it: [`byo_machine::orphans`]);
 //! - [`host_health`]: heartbeat Lease → `AgentHealthy` and the host's phase; the host's pool
 //!   RoleBinding owned by its ByoHost.
 //!
@@ -304,8 +305,22 @@ pub async fn run(
             }
         }
     };
+    // Claimed hosts whose machine is gone are released after a grace period.
+    let sweep_ctx = ctx.clone();
+    let mut sweep_stop = stop_rx.clone();
+    let sweeper = async move {
+        let mut sweeper = byo_machine::orphans::Sweeper::default();
+        let every = byo_machine::orphans::sweep_every(sweep_ctx.config.orphan_grace);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = sweep_stop.wait_for(|s| *s) => break,
+            }
+            sweeper.sweep(&sweep_ctx).await;
+        }
+    };
     tracing::info!("bootsman-provider controllers running");
-    tokio::join!(machine_ctl, cluster_ctl, health_ctl, gauges);
+    tokio::join!(machine_ctl, cluster_ctl, health_ctl, gauges, sweeper);
     reflectors.shutdown().await;
     Ok(())
 }

@@ -33,6 +33,10 @@ struct Args {
     /// How long a released host may take to report CleanupSucceeded before it is quarantined.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     release_timeout: Duration,
+    /// How long a claimed host whose ByoMachine is gone (a finalizer removed by hand, an
+    /// interrupted `clusterctl move`) stays claimed before it is released and reset.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    orphan_grace: Duration,
     #[command(flatten)]
     process: ProcessArgs,
     /// Approve the client-certificate requests of enrolling and renewing hosts (and deny forged
@@ -102,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
         watch_filter: args.watch_filter,
         shared_pools: args.pools,
         release_timeout: args.release_timeout,
+        orphan_grace: args.orphan_grace,
         secret_namespaces: args.secret_namespaces,
         ..Config::default()
     };

@@ -1,7 +1,7 @@
 //! The provider's own metrics, registered into the process registry of [`bootsman_runtime`]
 //! (which prefixes every name with `bootsman_` and also counts and times reconciles per
-//! controller): pool size by phase and pool, claim conflicts, claims, time to claim and
-//! quarantines. Labels are low-cardinality: never an object name.
+//! controller): pool size by phase and pool, claim conflicts, claims, time to claim,
+//! quarantines and orphaned hosts released. Labels are low-cardinality: never an object name.
 
 use std::sync::Arc;
 
@@ -23,6 +23,9 @@ pub struct Metrics {
     pub runtime: Arc<RuntimeMetrics>,
     /// `bootsman_provider_hosts_quarantined_total`.
     pub quarantined: prometheus::IntCounter,
+    /// `bootsman_provider_orphaned_hosts_released_total`: claimed hosts released because their
+    /// machine was gone for the grace period.
+    pub orphans_released: prometheus::IntCounter,
 }
 
 impl Metrics {
@@ -52,6 +55,10 @@ impl Metrics {
                 "provider_hosts_quarantined_total",
                 "Hosts quarantined because a release did not finish cleanly",
             )?,
+            orphans_released: prometheus::IntCounter::new(
+                "provider_orphaned_hosts_released_total",
+                "Claimed hosts released because their ByoMachine was gone for the grace period",
+            )?,
             runtime,
         };
         registry.register(Box::new(m.pool_hosts.clone()))?;
@@ -59,6 +66,7 @@ impl Metrics {
         registry.register(Box::new(m.claims.clone()))?;
         registry.register(Box::new(m.time_to_claim.clone()))?;
         registry.register(Box::new(m.quarantined.clone()))?;
+        registry.register(Box::new(m.orphans_released.clone()))?;
         Ok(m)
     }
 

@@ -15,7 +15,7 @@ use common::{Site, WAIT, condition, role};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 
 async fn bound_host(site: &Site, machine: &str) -> String {
@@ -525,4 +525,169 @@ async fn shared_pools_serve_only_the_namespaces_they_allow() {
     })
     .await;
     pool.stop().await;
+}
+
+/// Removes every finalizer of `name` (as an admin, or `clusterctl move`, does) and deletes it.
+async fn force_delete<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    api.delete(name, &DeleteParams::default()).await.unwrap();
+    wait_for(&format!("{name} to be gone"), WAIT, || async {
+        match api.get_opt(name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".into()),
+        }
+    })
+    .await;
+}
+
+/// A machine that went without releasing its host (its finalizer removed by hand) leaves the host
+/// claimed: after the grace period the host is asked to reset, and once it reports clean it is
+/// back in the pool. A host whose machine still holds it is left alone.
+#[tokio::test]
+async fn a_host_whose_machine_is_gone_is_released_after_the_grace_period() {
+    let mut site = Site::new("orphan").await;
+    let mut config = site.config();
+    config.orphan_grace = Duration::from_secs(3);
+    site.start_provider(config).await;
+    let kept = site.host("kept", &[("role", "a")], true).await;
+    let orphan = site.host("orphan", &[("role", "b")], true).await;
+    site.cluster("c1", false).await;
+    site.machine("c1", "ma", Some(role("a"))).await;
+    let mb = site.machine("c1", "mb", Some(role("b"))).await;
+    assert_eq!(bound_host(&site, "ma").await, "kept");
+    assert_eq!(bound_host(&site, "mb").await, "orphan");
+
+    let gone_at = Instant::now();
+    force_delete(&site.byomachines(), "mb").await;
+    let release = wait_for("the orphaned host's release request", WAIT, || async {
+        orphan.get().await.spec.release.ok_or_else(|| "none".to_string())
+    })
+    .await;
+    assert!(
+        gone_at.elapsed() >= Duration::from_secs(3),
+        "released before the grace period ended"
+    );
+    assert_eq!(
+        release.machine_uid,
+        mb.uid().unwrap(),
+        "the release names the binding"
+    );
+    orphan.report("CleanupSucceeded", true, "Reset").await;
+    wait_for("the orphaned host back in the pool", WAIT, || async {
+        let h = orphan.get().await;
+        if h.spec.machine_ref.is_none() && h.spec.release.is_none() && h.spec.quarantine.is_none() {
+            Ok(())
+        } else {
+            Err(format!("{:?}", h.spec))
+        }
+    })
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(site.admin.clone(), &site.ns);
+    assert!(secrets.get_opt("orphan-bootstrap").await.unwrap().is_none());
+
+    let h = kept.get().await;
+    assert!(h.spec.release.is_none(), "a held host was released: {:?}", h.spec);
+    assert_eq!(h.spec.machine_ref.map(|r| r.name).as_deref(), Some("ma"));
+    site.stop().await;
+}
+
+/// What `clusterctl move` does to a bound machine, in one control plane: the Cluster paused, the
+/// Machine, ByoMachine and ByoHost deleted without their finalizers and created again from their
+/// stored form (new uids, no status), the Cluster unpaused. The machine keeps its host, no second
+/// host is claimed, and nothing is released, neither during the move nor after.
+#[tokio::test]
+async fn a_moved_machine_keeps_its_host_and_claims_no_other() {
+    use bootsman_api::capi::{Cluster, Machine};
+    use bootsman_api::v1beta1::ByoHost;
+    let mut site = Site::new("moved").await;
+    let mut config = site.config();
+    config.orphan_grace = Duration::from_secs(2);
+    site.start_provider(config).await;
+    let a = site.host("a", &[], true).await;
+    let b = site.host("b", &[], true).await;
+    site.cluster("c1", false).await;
+    site.machine("c1", "m0", None).await;
+    let bound = bound_host(&site, "m0").await;
+    let (held, free) = if bound == "a" { (&a, &b) } else { (&b, &a) };
+    held.report("BootstrapSucceeded", true, "Done").await;
+    let before = provisioned(&site, "m0").await;
+    let binding = held.get().await.spec.machine_ref.unwrap();
+
+    let clusters: Api<Cluster> = Api::namespaced(site.admin.clone(), &site.ns);
+    let machines: Api<Machine> = Api::namespaced(site.admin.clone(), &site.ns);
+    let pause = |p: bool| serde_json::json!({"spec": {"paused": p}});
+    clusters
+        .patch("c1", &PatchParams::default(), &Patch::Merge(pause(true)))
+        .await
+        .unwrap();
+    // Copy, delete, create again: owners first, with the owner references rebuilt.
+    let machine = machines.get("m0").await.unwrap();
+    let bm = site.byomachines().get("m0").await.unwrap();
+    let host = site.byohosts().get(&held.name).await.unwrap();
+    force_delete(&site.byomachines(), "m0").await;
+    force_delete(&machines, "m0").await;
+    force_delete(&site.byohosts(), &held.name).await;
+    let fresh = |meta: &mut kube::api::ObjectMeta| {
+        meta.uid = None;
+        meta.resource_version = None;
+        meta.creation_timestamp = None;
+        meta.managed_fields = None;
+        meta.generation = None;
+    };
+    let mut h = ByoHost {
+        metadata: host.metadata.clone(),
+        spec: host.spec.clone(),
+        status: None,
+    };
+    fresh(&mut h.metadata);
+    site.byohosts().create(&PostParams::default(), &h).await.unwrap();
+    let mut m = machine.clone();
+    fresh(&mut m.metadata);
+    m.status = None;
+    let m = machines.create(&PostParams::default(), &m).await.unwrap();
+    let mut moved = bm.clone();
+    fresh(&mut moved.metadata);
+    moved.status = None;
+    moved.metadata.owner_references.as_mut().unwrap()[0].uid = m.uid().unwrap();
+    let moved = site
+        .byomachines()
+        .create(&PostParams::default(), &moved)
+        .await
+        .unwrap();
+    assert_ne!(moved.uid(), bm.uid());
+    // Paused, and its machine gone for longer than the grace period: still not released.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        held.get().await.spec.release.is_none(),
+        "released during the move"
+    );
+    clusters
+        .patch("c1", &PatchParams::default(), &Patch::Merge(pause(false)))
+        .await
+        .unwrap();
+    // The agent reports its bootstrap again from its journal (the status did not move).
+    held.report("BootstrapSucceeded", true, "Done").await;
+
+    let after = provisioned(&site, "m0").await;
+    assert_eq!(after.spec.provider_id, before.spec.provider_id);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let h = held.get().await;
+    assert_eq!(h.spec.machine_ref.as_ref(), Some(&binding), "the binding changed");
+    assert!(h.spec.release.is_none(), "the moved machine's host was released");
+    let f = free.get().await;
+    assert!(
+        f.spec.machine_ref.is_none(),
+        "a second host was claimed: {:?}",
+        f.spec
+    );
+    site.stop().await;
 }

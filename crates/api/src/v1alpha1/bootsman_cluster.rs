@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
     shortname = "bmc",
     category = "bootsman",
     label("clusterctl.cluster.x-k8s.io", ""),
+    label("clusterctl.cluster.x-k8s.io/move-hierarchy", ""),
     doc = "A Kubernetes cluster built from hosts of the pool, managed by the Bootsman operator.",
     derive = "PartialEq",
     validation = Rule::new("size(self.metadata.name) <= 49").message(

@@ -104,7 +104,11 @@ pub struct MachineRef {
     /// Name of the ByoMachine.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
-    /// UID of the ByoMachine; a machine recreated under the same name is a different claim.
+    /// The binding id: the UID of the ByoMachine when it claimed the host. It never changes while
+    /// the claim lasts (the agent's bootstrap journal is keyed by it). A machine moved by
+    /// `clusterctl move` gets a new UID and keeps this one in its annotation
+    /// `infrastructure.cluster.x-k8s.io/byohost-binding`, so it still holds the host; a machine
+    /// recreated under the same name without it is a different claim.
     #[schemars(length(min = 1, max = 64))]
     pub uid: String,
 }

@@ -13,8 +13,16 @@
 //! the intended host is still free, every replica (the writer after a conflict too) renews the
 //! intent and claims that host, never another. So two hosts are never bound to one machine.
 //!
-//! Before choosing, the machine looks for a host it already holds (pool index by uid, then the
+//! Before choosing, the machine looks for a host it already holds (pool index, then the
 //! intent), so a crash between the steps never claims twice.
+//!
+//! A host is held by a machine when its `spec.machineRef` names the machine's uid, or names the
+//! machine's namespace and name and the binding id the machine carries in its annotation
+//! [`BINDING_ANNOTATION`] (see [`binds`]). The binding id is the machine's uid when it wrote its
+//! intent; `clusterctl move` recreates the machine under a new uid but keeps its annotations, so
+//! the moved machine still holds its host and claims no second one, and the host's
+//! `machineRef.uid`, which keys the agent's journal, never changes. A machine recreated under the
+//! same name by hand is a new machine: it has no such annotation (or its own uid in it).
 
 use bootsman_api::capi::Machine;
 use bootsman_api::labels;
@@ -32,6 +40,9 @@ use crate::pool::{self, Choice, Wanted};
 pub const HOST_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/byohost";
 /// Annotation on a ByoMachine that changes with every claim attempt (see the module docs).
 pub const ATTEMPT_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/byohost-attempt";
+/// Annotation on a ByoMachine holding its binding id: its uid when it wrote the intent, which is
+/// the `machineRef.uid` of the host it claims (see the module docs).
+pub const BINDING_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/byohost-binding";
 /// Claim attempts on one host before the reconcile gives up and is retried.
 const ATTEMPTS_PER_HOST: usize = 5;
 
@@ -192,9 +203,22 @@ pub async fn held(bm: &ByoMachine, ctx: &Context) -> Result<Option<ByoHost>> {
     })
 }
 
+/// Whether `host` is bound to `bm`: its claim names the machine's uid, or the machine's namespace,
+/// name and binding id (a machine moved by `clusterctl move`, see the module docs).
+pub fn binds(bm: &ByoMachine, host: &ByoHost) -> bool {
+    let Some(r) = &host.spec.machine_ref else {
+        return false;
+    };
+    if bm.uid().is_some_and(|uid| uid == r.uid) {
+        return true;
+    }
+    bm.namespace().as_deref() == Some(r.namespace.as_str())
+        && bm.name_any() == r.name
+        && bm.annotations().get(BINDING_ANNOTATION) == Some(&r.uid)
+}
+
 async fn lookup(bm: &ByoMachine, ctx: &Context) -> Result<Lookup> {
-    let uid = bm.uid().unwrap_or_default();
-    let ours = |h: &ByoHost| h.spec.machine_ref.as_ref().is_some_and(|r| r.uid == uid);
+    let ours = |h: &ByoHost| binds(bm, h);
     if let Some(h) = ctx.hosts.find(|h| ours(h)) {
         return Ok(Lookup::Held(h.as_ref().clone()));
     }
@@ -226,7 +250,6 @@ async fn attempt(
     let hns = host.namespace().unwrap_or_default();
     let name = host.name_any();
     let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &hns);
-    let uid = bm.uid().unwrap_or_default();
     let mut host = host.clone();
     for _ in 0..ATTEMPTS_PER_HOST {
         *bm = write_intent(bm, ctx, &host).await?;
@@ -240,7 +263,7 @@ async fn attempt(
                     Err(e) if is_not_found(&e) => return Ok(None),
                     Err(e) => return Err(kerr(format!("get ByoHost {hns}/{name}"))(e)),
                 };
-                if current.spec.machine_ref.as_ref().is_some_and(|r| r.uid == uid) {
+                if binds(bm, &current) {
                     return Ok(Some(current));
                 }
                 if !free(&current) {
@@ -258,9 +281,10 @@ async fn attempt(
     )))
 }
 
-/// Records which host this machine is about to claim (guarded by the machine's resourceVersion,
-/// and always a change, thanks to a fresh attempt nonce). The first intent also adds the
-/// machine's finalizer: it is in place before any host can be bound to the machine.
+/// Records which host this machine is about to claim and the binding id of the claim (the
+/// machine's uid), guarded by the machine's resourceVersion, and always a change, thanks to a
+/// fresh attempt nonce. The first intent also adds the machine's finalizer: it is in place before
+/// any host can be bound to the machine.
 async fn write_intent(bm: &ByoMachine, ctx: &Context, host: &ByoHost) -> Result<ByoMachine> {
     use std::hash::{BuildHasher, Hasher};
     let ns = bm.namespace().unwrap_or_default();
@@ -273,6 +297,7 @@ async fn write_intent(bm: &ByoMachine, ctx: &Context, host: &ByoHost) -> Result<
         "annotations": {
             HOST_ANNOTATION: value,
             ATTEMPT_ANNOTATION: format!("{nonce:016x}"),
+            BINDING_ANNOTATION: bm.uid(),
             labels::CLUSTERCTL_BLOCK_MOVE: "claiming a host",
         },
     }});

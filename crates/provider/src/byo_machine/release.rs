@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bootsman_api::condition::types;
 use bootsman_api::labels;
-use bootsman_api::v1beta1::{ByoHost, ByoMachine};
+use bootsman_api::v1beta1::{ByoHost, ByoMachine, ReleaseRequest};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -31,18 +31,16 @@ pub async fn cleanup(bm: Arc<ByoMachine>, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     };
     let hns = host.namespace().unwrap_or_default();
-    let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &hns);
     let name = host.name_any();
+    let whose = format!(
+        "ByoMachine {}/{}",
+        bm.namespace().unwrap_or_default(),
+        bm.name_any()
+    );
 
     let Some(release) = host.spec.release.clone() else {
         mark_block_move(&bm, ctx, "releasing the host").await?;
-        let patch = json!({"spec": {"release": {
-            "machineUID": bm.uid(),
-            "requestedAt": Timestamp::now().to_string(),
-        }}});
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(kerr(format!("request release of ByoHost {hns}/{name}")))?;
+        request(ctx, &host).await?;
         ctx.event(
             bm.as_ref(),
             false,
@@ -57,56 +55,97 @@ pub async fn cleanup(bm: Arc<ByoMachine>, ctx: &Context) -> Result<Action> {
         });
     };
 
-    if pool::reported_for_current_spec(&host, types::CLEANUP_SUCCEEDED) {
-        bootstrap::remove(ctx, &host).await?;
-        return_to_pool(&api, &host, None).await?;
-        ctx.event(
-            bm.as_ref(),
-            false,
-            "HostReleased",
-            "Release",
-            format!("host {hns}/{name} reset and back in the pool"),
-        )
-        .await;
-        return Ok(Action::await_change());
+    match finish(ctx, &host, &release, &whose).await? {
+        Finished::Clean => {
+            ctx.event(
+                bm.as_ref(),
+                false,
+                "HostReleased",
+                "Release",
+                format!("host {hns}/{name} reset and back in the pool"),
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+        Finished::Quarantined(reason) => {
+            ctx.event(
+                bm.as_ref(),
+                true,
+                "HostQuarantined",
+                "Release",
+                format!("host {hns}/{name} quarantined: {reason}"),
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+        // Until the host is clean or quarantined the finalizer stays: returning an error keeps it.
+        Finished::Pending(after) => Err(Error::Waiting {
+            why: format!("host {hns}/{name} to report CleanupSucceeded"),
+            after,
+        }),
+    }
+}
+
+/// Asks the host's agent to reset the host (`spec.release`, naming the binding id of its claim).
+pub(super) async fn request(ctx: &Context, host: &ByoHost) -> Result<()> {
+    let hns = host.namespace().unwrap_or_default();
+    let name = host.name_any();
+    let machine_uid = host.spec.machine_ref.as_ref().map(|r| r.uid.clone());
+    let patch = json!({"spec": {"release": {
+        "machineUID": machine_uid,
+        "requestedAt": Timestamp::now().to_string(),
+    }}});
+    Api::<ByoHost>::namespaced(ctx.client.clone(), &hns)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kerr(format!("request release of ByoHost {hns}/{name}")))?;
+    Ok(())
+}
+
+/// Where a requested release stands.
+pub(super) enum Finished {
+    /// The host reported clean: it is back in the pool.
+    Clean,
+    /// The host did not report clean in time, or its agent is offline: quarantined (why).
+    Quarantined(String),
+    /// Still resetting: look again after this long.
+    Pending(Duration),
+}
+
+/// Completes a requested release once the host reported `CleanupSucceeded` (back to the pool),
+/// or quarantines it when its agent is offline or the release timeout passed. `whose` names
+/// what the host was released from, for the quarantine reason.
+pub(super) async fn finish(
+    ctx: &Context,
+    host: &ByoHost,
+    release: &ReleaseRequest,
+    whose: &str,
+) -> Result<Finished> {
+    let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &host.namespace().unwrap_or_default());
+    if pool::reported_for_current_spec(host, types::CLEANUP_SUCCEEDED) {
+        bootstrap::remove(ctx, host).await?;
+        return_to_pool(&api, host, None).await?;
+        return Ok(Finished::Clean);
     }
     let elapsed = Timestamp::now().duration_since(release.requested_at.0);
     let timeout = ctx.config.release_timeout;
-    let offline = !ctx.is_fresh(&host);
+    let offline = !ctx.is_fresh(host);
     if offline || elapsed.as_secs_f64() >= timeout.as_secs_f64() {
         let reason = if offline {
-            format!(
-                "the agent went offline while releasing ByoMachine {}/{}",
-                bm.namespace().unwrap_or_default(),
-                bm.name_any()
-            )
+            format!("the agent went offline while releasing {whose}")
         } else {
             format!(
-                "the host did not report CleanupSucceeded within {}s of the release of ByoMachine {}/{}",
+                "the host did not report CleanupSucceeded within {}s of the release of {whose}",
                 timeout.as_secs(),
-                bm.namespace().unwrap_or_default(),
-                bm.name_any()
             )
         };
-        bootstrap::remove(ctx, &host).await?;
-        return_to_pool(&api, &host, Some(&reason)).await?;
+        bootstrap::remove(ctx, host).await?;
+        return_to_pool(&api, host, Some(&reason)).await?;
         ctx.metrics.quarantined.inc();
-        ctx.event(
-            bm.as_ref(),
-            true,
-            "HostQuarantined",
-            "Release",
-            format!("host {hns}/{name} quarantined: {reason}"),
-        )
-        .await;
-        return Ok(Action::await_change());
+        return Ok(Finished::Quarantined(reason));
     }
     let left = timeout.as_secs_f64() - elapsed.as_secs_f64();
-    // Until the host is clean or quarantined the finalizer stays: returning an error keeps it.
-    Err(Error::Waiting {
-        why: format!("host {hns}/{name} to report CleanupSucceeded"),
-        after: Duration::from_secs_f64(left.clamp(0.5, 10.0)),
-    })
+    Ok(Finished::Pending(Duration::from_secs_f64(left.clamp(0.5, 10.0))))
 }
 
 /// Clears the claim, the bootstrap Secret reference and the release request (guarded by the
