@@ -254,3 +254,99 @@ pub(crate) fn label_contract_versions(crds: &mut [apiext::CustomResourceDefiniti
             .or_insert_with(|| contract.join("_"));
     }
 }
+
+/// The providers `clusterctl init` would have installed: (inventory name, provider name, type,
+/// namespace, CRD groups). Ours is registered as `byoh` (see `hack/release`).
+const INVENTORY: [(&str, &str, &str, &str, &[&str]); 4] = [
+    (
+        "cluster-api",
+        "cluster-api",
+        "CoreProvider",
+        "capi-system",
+        &[
+            "cluster.x-k8s.io",
+            "addons.cluster.x-k8s.io",
+            "ipam.cluster.x-k8s.io",
+            "runtime.cluster.x-k8s.io",
+        ],
+    ),
+    (
+        "bootstrap-kubeadm",
+        "kubeadm",
+        "BootstrapProvider",
+        "capi-kubeadm-bootstrap-system",
+        &["bootstrap.cluster.x-k8s.io"],
+    ),
+    (
+        "control-plane-kubeadm",
+        "kubeadm",
+        "ControlPlaneProvider",
+        "capi-kubeadm-control-plane-system",
+        &["controlplane.cluster.x-k8s.io"],
+    ),
+    (
+        "infrastructure-byoh",
+        "byoh",
+        "InfrastructureProvider",
+        "bootsman-system",
+        &["infrastructure.cluster.x-k8s.io"],
+    ),
+];
+
+/// Labels the Cluster API CRDs as `clusterctl init` leaves them (`clusterctl.cluster.x-k8s.io`,
+/// which `clusterctl move` looks for, and `cluster.x-k8s.io/provider`).
+pub(crate) fn label_for_clusterctl(crds: &mut [apiext::CustomResourceDefinition]) {
+    for crd in crds {
+        let Some((provider, ..)) = INVENTORY
+            .iter()
+            .find(|(.., groups)| groups.contains(&crd.spec.group.as_str()))
+        else {
+            continue;
+        };
+        let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert("clusterctl.cluster.x-k8s.io".into(), String::new());
+        labels.insert("cluster.x-k8s.io/provider".into(), (*provider).to_string());
+    }
+}
+
+/// Writes clusterctl's provider inventory (the `Provider` objects `clusterctl init` leaves, one
+/// per provider, in its namespace), so that `clusterctl move` finds the providers it checks
+/// for. The inventory CRD must be installed.
+pub(crate) async fn write_inventory(client: &kube::Client, capi_version: &str) -> Result<()> {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "clusterctl.cluster.x-k8s.io",
+        "v1alpha3",
+        "Provider",
+    ));
+    let pp = PatchParams::apply("bootsman-testenv").force();
+    for (name, provider, type_, ns, _) in INVENTORY {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        namespaces
+            .patch(ns, &pp, &Patch::Apply(&body))
+            .await
+            .map_err(kube(format!("create namespace {ns}")))?;
+        let version = if provider == "byoh" {
+            concat!("v", env!("CARGO_PKG_VERSION"))
+        } else {
+            capi_version
+        };
+        let body = serde_json::json!({
+            "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3",
+            "kind": "Provider",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {"clusterctl.cluster.x-k8s.io": "", "cluster.x-k8s.io/provider": name},
+            },
+            "providerName": provider,
+            "type": type_,
+            "version": version,
+        });
+        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar)
+            .patch(name, &pp, &Patch::Apply(&body))
+            .await
+            .map_err(kube(format!("write the clusterctl inventory entry {ns}/{name}")))?;
+    }
+    Ok(())
+}

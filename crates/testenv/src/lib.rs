@@ -6,7 +6,9 @@
 //! CSR signing by the cluster's client CA, bootstrap-token signer and cleaner) and, on request, the
 //! Cluster API managers (core, kubeadm bootstrap, kubeadm control plane) with their webhooks served
 //! on loopback. Our CRDs from `config/crd/` and the Cluster API CRDs are installed and established
-//! before the first test runs.
+//! before the first test runs, as `clusterctl init` leaves them: the Cluster API CRDs labelled for
+//! clusterctl and the provider inventory (`providers.clusterctl.cluster.x-k8s.io`) filled in, so
+//! the real `clusterctl` (built by `hack/testbin` too) works against it.
 //!
 //! ```no_run
 //! # async fn t() {
@@ -136,8 +138,12 @@ impl TestEnv {
             capi::serve_storage_version_only(&mut capi_crds);
         }
         capi::label_contract_versions(&mut capi_crds);
+        capi::label_for_clusterctl(&mut capi_crds);
         all_crds.extend(capi_crds);
+        all_crds.extend(crds::read_dir(&env.testbin.clusterctl_crds())?);
         crds::install(&client, &all_crds).await?;
+        // Cluster API as `clusterctl init` leaves it: labelled CRDs and the provider inventory.
+        capi::write_inventory(&client, &env.testbin.capi_version()?).await?;
 
         // The garbage collector discovers resources at start and then only every 30 s, so it
         // starts after the CRDs are served.
@@ -595,8 +601,33 @@ fn write_kubeconfig(path: &Path, server: &str, ca: &Path, user: &CertPair) -> Re
     std::fs::write(path, text).map_err(error::io("write kubeconfig", path))
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, for a component to listen on.
+///
+/// Chosen below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`): a port from that
+/// range (what binding port 0 gives) can be taken by any outgoing connection between this check
+/// and the component's own bind, and the component then fails with "address already in use".
+/// Below it only listeners take ports, and this checks that none holds it. Each process starts at
+/// its own place in the range and never hands out a port twice.
 pub fn free_port() -> Result<u16> {
+    const FLOOR: u32 = 15000;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static START: OnceLock<u64> = OnceLock::new();
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    if ephemeral_low > FLOOR + 1000 {
+        let span = u64::from(ephemeral_low - FLOOR);
+        let start = *START.get_or_init(|| u64::from_str_radix(&unique_suffix(), 16).unwrap_or(0));
+        for _ in 0..span {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = FLOOR as u64 + (start + n * 7919) % span;
+            let Ok(port) = u16::try_from(port) else { continue };
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").map_err(error::io("bind a loopback port", "127.0.0.1:0"))?;
     l.local_addr()
         .map(|a| a.port())

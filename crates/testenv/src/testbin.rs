@@ -67,6 +67,27 @@ impl Testbin {
         self.dir.join("crds/capi")
     }
 
+    /// Folder of clusterctl's provider inventory CRD.
+    pub fn clusterctl_crds(&self) -> PathBuf {
+        self.dir.join("crds/clusterctl")
+    }
+
+    /// The Cluster API version of this cache entry (`v1.13.6`), from its `VERSIONS` file.
+    pub fn capi_version(&self) -> Result<String> {
+        let path = self.dir.join("VERSIONS");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::Invalid {
+            what: path.display().to_string(),
+            detail: e.to_string(),
+        })?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("sigs.k8s.io/cluster-api="))
+            .map(String::from)
+            .ok_or_else(|| Error::Invalid {
+                what: path.display().to_string(),
+                detail: "no sigs.k8s.io/cluster-api= line".into(),
+            })
+    }
+
     /// The webhook manifest of one Cluster API manager (`core`, `bootstrap`, `controlplane`).
     pub fn capi_webhooks(&self, manager: &str) -> PathBuf {
         self.dir
