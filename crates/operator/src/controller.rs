@@ -154,7 +154,7 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
         return Ok(action);
     }
     if bc.metadata.deletion_timestamp.is_some() {
-        return finalize(bc, ctx, &api).await;
+        return finalize(bc, ctx, &api, cluster).await;
     }
     if !bc.finalizers().iter().any(|f| f == FINALIZER) {
         let mut fins = bc.finalizers().to_vec();
@@ -851,19 +851,21 @@ async fn write_status(
     Ok(())
 }
 
-/// Deletes the CAPI Cluster in the foreground and removes the finalizer once it is gone.
-async fn finalize(bc: &BootsmanCluster, ctx: &Context, api: &Api<BootsmanCluster>) -> Result<Action, Error> {
+/// Deletes the CAPI Cluster (`cluster`, as this reconcile read it) in the foreground and removes
+/// the finalizer once it is gone.
+async fn finalize(
+    bc: &BootsmanCluster,
+    ctx: &Context,
+    api: &Api<BootsmanCluster>,
+    cluster: Option<Cluster>,
+) -> Result<Action, Error> {
     if !bc.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
     }
     let ns = bc.namespace().unwrap_or_default();
     let name = bc.name_any();
     let clusters = Api::<Cluster>::namespaced(ctx.client.clone(), &ns);
-    match clusters
-        .get_opt(&name)
-        .await
-        .map_err(kube_err("reading Cluster"))?
-    {
+    match cluster {
         Some(c) => {
             if c.metadata.deletion_timestamp.is_none() {
                 let dp = DeleteParams {
