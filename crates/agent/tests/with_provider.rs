@@ -104,3 +104,140 @@ async fn a_host_serves_a_machine_is_released_clean_goes_offline_and_comes_back()
     assert_eq!(host.terminate().code(), Some(0), "SIGTERM drains and exits 0");
     s.stop().await;
 }
+
+/// The fault of a certificate renewal while a bootstrap command runs. The control plane signs
+/// 1-minute host certificates, so the agent, enrolled with a real bootstrap token through the
+/// provider's approver, renews about 48 s after enrolment, in the middle of a command that runs
+/// on until the test lets it end. The command is neither killed nor run again, the bootstrap
+/// succeeds once, and the agent goes on with the renewed certificate.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_mid_bootstrap_neither_kills_nor_repeats_the_command() {
+    use bootsman_api::identity;
+    use bootsman_testenv::{Options, TestEnv};
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::Api;
+    use kube::api::{ListParams, PostParams};
+
+    let env: &'static TestEnv = Box::leak(Box::new(
+        TestEnv::start(Options {
+            signing_duration: Some(Duration::from_secs(60)),
+            ..Options::default()
+        })
+        .await
+        .expect("start the control plane"),
+    ));
+    env.apply_kustomization(&bootsman_testenv::repo_root().join("config/rbac"))
+        .expect("apply config/rbac");
+    let mut s = site::Site::new_in(env, "agent-renew").await;
+    s.start_provider(s.config()).await;
+    let client = env.client().await;
+    tokio::spawn(async move {
+        let metrics = std::sync::Arc::new(bootsman_runtime::metrics::Metrics::new().unwrap());
+        bootsman_provider::csr_approver::run(client, metrics, Default::default(), futures::future::pending())
+            .await
+            .expect("CSR approver");
+    });
+
+    // A token pinned to node-r, and the bootstrap kubeconfig an operator would hand the host.
+    let token = identity::BootstrapToken {
+        id: "renew1".into(),
+        secret: "0123456789abcdef".into(),
+        expiration: k8s_openapi::jiff::Timestamp::now() + Duration::from_secs(600),
+        pool: s.ns.clone(),
+        host: Some("node-r".into()),
+        replace: false,
+    };
+    Api::<Secret>::namespaced(s.admin.clone(), identity::TOKEN_NAMESPACE)
+        .create(&PostParams::default(), &token.secret())
+        .await
+        .unwrap();
+    let mut kc = kube::config::Kubeconfig::read_from(env.kubeconfig()).unwrap();
+    for user in &mut kc.auth_infos {
+        user.auth_info = Some(kube::config::AuthInfo {
+            token: Some(token.bearer().into()),
+            ..Default::default()
+        });
+    }
+    let pool = common::Pool {
+        env,
+        ns: s.ns.clone(),
+        admin: s.admin.clone(),
+    };
+    let mut host = pool.host("node-r");
+    let bootstrap = host.state.join("bootstrap-kubeconfig");
+    std::fs::write(&bootstrap, serde_json::to_vec(&kc).unwrap()).unwrap();
+    std::fs::remove_file(&host.kubeconfig).unwrap();
+    host.bootstrap_kubeconfig = Some(bootstrap);
+    host.command_timeout = "5m".into();
+    std::fs::create_dir_all(host.path("run")).unwrap();
+    host.start(&[]);
+    phase(&s, "node-r", HostPhase::Available).await;
+    let pid = host.pid();
+
+    s.cluster("c1", false).await;
+    let data = "#cloud-config\nruncmd:\n  - \"echo x >> run/started.txt; while [ ! -e run/go ]; do sleep 0.2; done; echo x >> run/done.txt\"\n  - echo x >> run/after.txt\n";
+    site::create_machine_with_data(&s.admin, &s.ns, "c1", "m1", None, data).await;
+    let started = host.path("run/started.txt");
+    common::eventually("the command starts", || async { started.exists().then_some(()) }).await;
+
+    // The renewal comes while the command runs (the certificate lasts 60 s from enrolment).
+    wait_for(
+        "the host certificate to be renewed",
+        Duration::from_secs(120),
+        || async {
+            if host.log().contains("host certificate renewed") {
+                Ok(())
+            } else {
+                Err("not yet".to_string())
+            }
+        },
+    )
+    .await;
+    assert!(
+        !host.path("run/done.txt").exists(),
+        "the command ended before the renewal: the test proves nothing"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    std::fs::write(host.path("run/go"), "").unwrap();
+
+    phase(&s, "node-r", HostPhase::Provisioned).await;
+    let h = s.byohosts().get("node-r").await.unwrap();
+    assert_eq!(
+        common::read(&started),
+        "x\n",
+        "the command ran twice: {}",
+        common::message(&h, types::BOOTSTRAP_SUCCEEDED)
+    );
+    assert_eq!(common::read(&host.path("run/done.txt")), "x\n");
+    assert_eq!(common::read(&host.path("run/after.txt")), "x\n");
+    assert_eq!(host.pid(), pid, "the agent was restarted");
+    common::eventually("the agent goes on with the renewed certificate", || async {
+        host.log()
+            .contains("continuing with the renewed host certificate")
+            .then_some(())
+    })
+    .await;
+
+    // The renewal went through the host's own identity, and its heartbeat goes on after it.
+    let csrs = Api::<CertificateSigningRequest>::all(s.admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let renewals = csrs
+        .items
+        .iter()
+        .filter(|c| c.spec.username.as_deref() == Some(identity::host_user("node-r").as_str()))
+        .count();
+    assert!(renewals >= 1, "no CSR by the host itself");
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(s.admin.clone(), &s.ns);
+    let renewed_at = |l: k8s_openapi::api::coordination::v1::Lease| l.spec.and_then(|s| s.renew_time);
+    let before = renewed_at(leases.get("node-r").await.unwrap());
+    common::eventually("the heartbeat goes on", || async {
+        let now = renewed_at(leases.get("node-r").await.ok()?);
+        (now != before).then_some(())
+    })
+    .await;
+    assert_eq!(host.terminate().code(), Some(0), "SIGTERM drains and exits 0");
+    s.stop().await;
+}

@@ -51,6 +51,81 @@ pub fn token_secret_name(id: &str) -> String {
     format!("{TOKEN_SECRET_PREFIX}{id}")
 }
 
+/// A host bootstrap token as `bootsmanctl hosts token` issues it, and the Secret that makes it
+/// one ([`BootstrapToken::secret`]).
+#[derive(Clone, Debug)]
+pub struct BootstrapToken {
+    /// The 6-character token ID (public: it names the Secret).
+    pub id: String,
+    /// The 16-character secret part.
+    pub secret: String,
+    /// When the token expires.
+    pub expiration: k8s_openapi::jiff::Timestamp,
+    /// The pool it enrols into.
+    pub pool: String,
+    /// The only host it may enrol, if any.
+    pub host: Option<String>,
+    /// Whether it takes over `host`, whose name is held already ([`TOKEN_REPLACES`]).
+    pub replace: bool,
+}
+
+impl BootstrapToken {
+    /// `<id>.<secret>`: the bearer token.
+    pub fn bearer(&self) -> String {
+        format!("{}.{}", self.id, self.secret)
+    }
+
+    /// Name of the token's Secret in [`TOKEN_NAMESPACE`].
+    pub fn secret_name(&self) -> String {
+        token_secret_name(&self.id)
+    }
+
+    /// The Secret in [`TOKEN_NAMESPACE`] that makes this a bootstrap token for its pool, usable
+    /// for authentication only, with the pool, host and purpose the CSR approver reads.
+    pub fn secret(&self) -> k8s_openapi::api::core::v1::Secret {
+        use k8s_openapi::ByteString;
+        use std::collections::BTreeMap;
+        let labels = BTreeMap::from([
+            (TOKEN_PURPOSE.to_string(), TOKEN_PURPOSE_HOST.to_string()),
+            (TOKEN_POOL.to_string(), self.pool.clone()),
+        ]);
+        let description = match &self.host {
+            Some(h) => format!("bootsman: enrols host {h} into pool {}", self.pool),
+            None => format!("bootsman: enrols one host into pool {}", self.pool),
+        };
+        let data = [
+            ("description", description),
+            ("token-id", self.id.clone()),
+            ("token-secret", self.secret.clone()),
+            ("expiration", self.expiration.to_string()),
+            ("usage-bootstrap-authentication", "true".to_string()),
+            ("auth-extra-groups", bootstrappers_group(&self.pool)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
+        .collect();
+        k8s_openapi::api::core::v1::Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(self.secret_name()),
+                namespace: Some(TOKEN_NAMESPACE.to_string()),
+                labels: Some(labels),
+                // Annotations: a host name may be longer than a label value.
+                annotations: self.host.as_ref().map(|h| {
+                    let mut a = BTreeMap::from([(TOKEN_HOST.to_string(), h.clone())]);
+                    if self.replace {
+                        a.insert(TOKEN_REPLACES.to_string(), h.clone());
+                    }
+                    a
+                }),
+                ..Default::default()
+            },
+            type_: Some(TOKEN_SECRET_TYPE.to_string()),
+            data: Some(data),
+            ..Default::default()
+        }
+    }
+}
+
 /// Whether `s` is an RFC 1123 label (a namespace name): at most 63 lower-case letters, digits and
 /// '-', starting and ending with a letter or digit.
 pub fn is_dns_label(s: &str) -> bool {

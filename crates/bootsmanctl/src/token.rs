@@ -8,16 +8,14 @@
 //! its first approved CSR. The token expires after its TTL whether used or not (the
 //! kube-controller-manager's token cleaner deletes it).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine;
 use bootsman_api::identity;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::PostParams;
 use rand::Rng;
 
 /// Characters of token IDs and secrets (the bootstrap-token format: `[a-z0-9]{6}.[a-z0-9]{16}`).
@@ -62,34 +60,8 @@ pub struct Request {
     pub replace: bool,
 }
 
-/// An issued token.
-#[derive(Clone, Debug)]
-pub struct Token {
-    /// The 6-character token ID (public: it names the Secret).
-    pub id: String,
-    /// The 16-character secret part.
-    pub secret: String,
-    /// When the token expires.
-    pub expiration: Timestamp,
-    /// The pool it enrols into.
-    pub pool: String,
-    /// The host it is restricted to, if any.
-    pub host: Option<String>,
-    /// Whether it replaces `host` (see [`Request::replace`]).
-    pub replace: bool,
-}
-
-impl Token {
-    /// `<id>.<secret>`: the bearer token.
-    pub fn bearer(&self) -> String {
-        format!("{}.{}", self.id, self.secret)
-    }
-
-    /// Name of the token's Secret in `kube-system`.
-    pub fn secret_name(&self) -> String {
-        identity::token_secret_name(&self.id)
-    }
-}
+/// An issued token (its Secret: [`secret_for`]).
+pub use bootsman_api::identity::BootstrapToken as Token;
 
 /// Parses a duration such as `90s`, `15m`, `1h`, `2d` or `1h30m`. The error names `flag`.
 pub fn parse_duration(flag: &'static str, s: &str) -> Result<Duration, Error> {
@@ -165,47 +137,7 @@ fn random(n: usize) -> String {
 
 /// The Secret that makes `token` a bootstrap token for its pool.
 pub fn secret_for(token: &Token) -> Secret {
-    let labels = BTreeMap::from([
-        (
-            identity::TOKEN_PURPOSE.to_string(),
-            identity::TOKEN_PURPOSE_HOST.to_string(),
-        ),
-        (identity::TOKEN_POOL.to_string(), token.pool.clone()),
-    ]);
-    let description = match &token.host {
-        Some(h) => format!("bootsman: enrols host {h} into pool {}", token.pool),
-        None => format!("bootsman: enrols one host into pool {}", token.pool),
-    };
-    let data = [
-        ("description", description),
-        ("token-id", token.id.clone()),
-        ("token-secret", token.secret.clone()),
-        ("expiration", token.expiration.to_string()),
-        ("usage-bootstrap-authentication", "true".to_string()),
-        ("auth-extra-groups", identity::bootstrappers_group(&token.pool)),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
-    .collect();
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(token.secret_name()),
-            namespace: Some(identity::TOKEN_NAMESPACE.to_string()),
-            labels: Some(labels),
-            // Annotations: a host name may be longer than a label value.
-            annotations: token.host.as_ref().map(|h| {
-                let mut a = BTreeMap::from([(identity::TOKEN_HOST.to_string(), h.clone())]);
-                if token.replace {
-                    a.insert(identity::TOKEN_REPLACES.to_string(), h.clone());
-                }
-                a
-            }),
-            ..ObjectMeta::default()
-        },
-        type_: Some(identity::TOKEN_SECRET_TYPE.to_string()),
-        data: Some(data),
-        ..Secret::default()
-    }
+    token.secret()
 }
 
 /// Issues a token: validates `req` and creates its Secret in `kube-system`.

@@ -196,6 +196,8 @@ impl Pool {
             kubeconfig,
             bin: agent_bin(),
             metrics_bind_address: "127.0.0.1:0".into(),
+            command_timeout: "30s".into(),
+            bootstrap_kubeconfig: None,
             child: None,
         }
     }
@@ -217,6 +219,10 @@ pub struct Host {
     pub bin: String,
     /// `--metrics-bind-address` (any free loopback port unless a test picks one).
     pub metrics_bind_address: String,
+    /// `--command-timeout`.
+    pub command_timeout: String,
+    /// `--bootstrap-kubeconfig`: the agent enrols with it when `--kubeconfig` does not exist.
+    pub bootstrap_kubeconfig: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -244,13 +250,16 @@ impl Host {
             .arg("--heartbeat-interval")
             .arg("1s")
             .arg("--command-timeout")
-            .arg("30s")
+            .arg(&self.command_timeout)
             .arg("--metrics-bind-address")
             .arg(&self.metrics_bind_address)
             .arg("--log-format")
             .arg("text");
         for l in labels {
             c.arg("--label").arg(l);
+        }
+        if let Some(b) = &self.bootstrap_kubeconfig {
+            c.arg("--bootstrap-kubeconfig").arg(b);
         }
         c.env_remove("BYOH_LABELS").env("RUST_LOG", "info,kube=warn");
         c

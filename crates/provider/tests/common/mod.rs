@@ -257,6 +257,19 @@ pub async fn create_machine(
     selector: Option<LabelSelector>,
 ) -> ByoMachine {
     let data = format!("#cloud-config\nruncmd:\n- echo {name}\n");
+    create_machine_with_data(admin, ns, cluster, name, selector, &data).await
+}
+
+/// [`create_machine`] with the bootstrap data (cloud-config) `data`.
+pub async fn create_machine_with_data(
+    admin: &kube::Client,
+    ns: &str,
+    cluster: &str,
+    name: &str,
+    selector: Option<LabelSelector>,
+    data: &str,
+) -> ByoMachine {
+    let data = data.to_string();
     let secret = Secret {
         metadata: meta(&format!("{name}-bootstrap-data"), ns),
         data: Some(BTreeMap::from([
