@@ -69,6 +69,10 @@ step "cargo test (unit and integration tests)"
 cargo test --workspace --all-targets --locked --no-fail-fast
 done_step
 
+step "the agent's package and unit under a real systemd (hack/unit-vm.sh: an emulated Debian VM; writes target/e2e/unit-vm.json)"
+hack/unit-vm.sh
+done_step
+
 step "end-to-end test on real nodes (hack/e2e.sh: 9 lab hosts; writes target/e2e/summary.json)"
 hack/e2e.sh
 done_step

@@ -15,6 +15,7 @@
 //! - [`unit`], [`systemctl`]: unit files as systemd reads them, and the host's `systemctl`;
 //! - [`registry`], [`lb`]: the lab registry and the load balancer at an endpoint;
 //! - [`infra`]: a node of the infrastructure cluster itself, for the controllers' Pods;
+//! - [`vm`]: emulated VMs with a real systemd, on the same network (the agent's unit as systemd runs it);
 //! - [`site`]: a whole Bootsman site on lab hosts (the demo's and the end-to-end test's);
 //! - [`demo`]: the demo (`hack/demo.sh`): the sample BootsmanCluster on six lab hosts;
 //! - [`cleanup`]: cgroups and folders of runs that are gone (`bootsman-lab down`).
@@ -38,6 +39,7 @@ pub mod registry;
 pub mod site;
 pub mod systemctl;
 pub mod unit;
+pub mod vm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -319,23 +319,7 @@ impl Site {
             .trim()
             == "no"
         {
-            let token = run(
-                Command::new(self.lab.exe_dir().join("bootsmanctl"))
-                    .args([
-                        "hosts",
-                        "token",
-                        "--namespace",
-                        POOL,
-                        "--name",
-                        &name,
-                        "--ttl",
-                        "30m",
-                    ])
-                    .arg("--server")
-                    .arg(self.env.advertised_url())
-                    .env("KUBECONFIG", self.env.kubeconfig()),
-                &format!("bootsmanctl hosts token --name {name}"),
-            )?;
+            let token = self.host_token(&name)?;
             host.install_agent(
                 &agent_package()?,
                 &token,
@@ -351,6 +335,28 @@ impl Site {
             self.hosts.push(host);
         }
         Ok(())
+    }
+
+    /// The bootstrap kubeconfig of a token for host `name` in the pool (`bootsmanctl hosts
+    /// token --name NAME`), with the API server's lab address.
+    pub fn host_token(&self, name: &str) -> Result<String> {
+        run(
+            Command::new(self.lab.exe_dir().join("bootsmanctl"))
+                .args([
+                    "hosts",
+                    "token",
+                    "--namespace",
+                    POOL,
+                    "--name",
+                    name,
+                    "--ttl",
+                    "30m",
+                ])
+                .arg("--server")
+                .arg(self.env.advertised_url())
+                .env("KUBECONFIG", self.env.kubeconfig()),
+            &format!("bootsmanctl hosts token --name {name}"),
+        )
     }
 
     /// Host by name.
