@@ -253,7 +253,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .context("--name is not set and the kernel host name is unknown")?,
     };
     agent::check_host_name(&name).map_err(|rule| anyhow::anyhow!("--name: {rule}"))?;
-    agent::check_host_name(&args.namespace).map_err(|rule| anyhow::anyhow!("--namespace: {rule}"))?;
+    // The pool is a namespace: an RFC 1123 label, stricter than a host name (no dots).
+    bootsman_api::identity::validate_pool(&args.namespace)
+        .map_err(|rule| anyhow::anyhow!("--namespace: {rule}"))?;
     if !args.root.is_dir() {
         bail!("--root: {} is not a directory", args.root.display());
     }
@@ -293,21 +295,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (ready_tx, ready_rx) = watch::channel(false);
     let server_task = tokio::spawn(server.serve(metrics.clone(), ready_rx, stopped(stop_rx.clone())));
     let ready = ready_tx.clone();
-    let mut registered_rx = {
-        let (tx, rx) = watch::channel(false);
-        tokio::spawn({
-            let mut rx = rx.clone();
-            async move {
-                if rx.wait_for(|r| *r).await.is_ok() {
-                    ready.send_replace(true);
-                    tracing::info!(
-                        seconds = started.elapsed().as_secs_f64(),
-                        "registered after start"
-                    );
-                }
+    // Ready (`/readyz`) once the host has registered.
+    let registered_tx = {
+        let (tx, mut rx) = watch::channel(false);
+        tokio::spawn(async move {
+            if rx.wait_for(|r| *r).await.is_ok() {
+                ready.send_replace(true);
+                tracing::info!(
+                    seconds = started.elapsed().as_secs_f64(),
+                    "registered after start"
+                );
             }
         });
-        (tx, rx)
+        tx
     };
     let opts = agent::Options {
         name,
@@ -359,7 +359,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             client.clone(),
             opts.clone(),
             agent_metrics.clone(),
-            registered_rx.0.clone(),
+            registered_tx.clone(),
             stop_rx.clone(),
             restart_rx,
         )
@@ -371,7 +371,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!("continuing with the renewed host certificate");
         client = client_from(&args.kubeconfig).await.context("--kubeconfig")?;
     };
-    let _ = registered_rx.1.borrow_and_update();
     // The server stops with the stop signal; on an error it is simply dropped with the process.
     if result.is_ok() {
         let _ = tokio::time::timeout(Duration::from_secs(6), server_task).await;

@@ -633,6 +633,13 @@ fn bad_flags_name_the_flag_and_rule() {
     let (ok, err) = run_agent(&["--name", "h"]);
     assert!(!ok);
     assert!(err.contains("--namespace"), "{err}");
+    // A pool is a namespace: a host name's dots are not allowed in it.
+    let (ok, err) = run_agent(&["--name", "h", "--namespace", "pool.a", "--state-dir", state]);
+    assert!(!ok, "--namespace pool.a was accepted");
+    assert!(
+        err.contains("--namespace") && err.contains("RFC 1123 label"),
+        "{err}"
+    );
 }
 
 /// A host claimed for a new machine while it still holds another machine's bootstrap (a

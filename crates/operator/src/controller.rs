@@ -193,7 +193,7 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
         status.conditions = c;
         status.phase = Some(ClusterPhase::Failed);
         status.observed_generation = generation;
-        write_status(bc, ctx, &api, status).await?;
+        write_status(bc, &api, status).await?;
         if !was_stalled {
             event(ctx, bc, EventType::Warning, "InvalidSpec", &msg).await;
         }
@@ -246,7 +246,7 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
     } else {
         SOON
     };
-    write_status(bc, ctx, &api, status).await?;
+    write_status(bc, &api, status).await?;
     Ok(Action::requeue(requeue))
 }
 
@@ -360,7 +360,7 @@ async fn honour_pause(
                 generation,
                 &now,
             );
-            write_status(bc, ctx, api, status).await?;
+            write_status(bc, api, status).await?;
             if !was_paused {
                 event(ctx, bc, EventType::Normal, "Paused", reason).await;
             }
@@ -832,14 +832,12 @@ fn set(
 /// which `conditions::set` leaves alone when nothing flips).
 async fn write_status(
     bc: &BootsmanCluster,
-    ctx: &Context,
     api: &Api<BootsmanCluster>,
     status: BootsmanClusterStatus,
 ) -> Result<(), Error> {
     if bc.status.as_ref() == Some(&status) {
         return Ok(());
     }
-    let _ = ctx;
     let body = bootsman_runtime::ssa::body::<BootsmanCluster>(
         &bc.name_any(),
         bc.namespace().as_deref(),
@@ -889,7 +887,7 @@ async fn finalize(
             }
             let mut status = bc.status.clone().unwrap_or_default();
             status.phase = Some(ClusterPhase::Deleting);
-            write_status(bc, ctx, api, status).await?;
+            write_status(bc, api, status).await?;
             Ok(Action::requeue(SOON))
         }
         None => {
@@ -938,6 +936,7 @@ pub fn error_policy(_bc: Arc<BootsmanCluster>, err: &Error, _ctx: Arc<Context>) 
 pub async fn run(
     ctx: Arc<Context>,
     namespace: Option<String>,
+    ready: bootsman_runtime::lifecycle::Readiness,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     use futures::StreamExt;
@@ -988,6 +987,13 @@ pub async fn run(
                 .collect::<Vec<_>>()
         });
     }
+    // Ready (the process's `/readyz`) once the BootsmanClusters have listed.
+    let listed = controller.store();
+    tokio::spawn(async move {
+        if listed.wait_until_ready().await.is_ok() {
+            ready.ready();
+        }
+    });
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

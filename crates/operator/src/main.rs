@@ -1,6 +1,6 @@
 //! `bootsman-operator`: the provisioning operator of Bootsman. It turns each BootsmanCluster into
 //! the Cluster API objects of a child cluster and keeps them matching. See the crate
-//! documentation and `crates/operator/README.md` for flags, metrics and Events.
+//! documentation and the README's `bootsman-operator` section for flags, metrics and Events.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -61,8 +61,8 @@ async fn main() -> anyhow::Result<()> {
     let process = args.process.process("bootsman-operator");
     let ctx = Arc::new(Context::new(client.clone(), settings, metrics.clone()).with_shared_pools(args.pools));
     let namespace = args.namespace;
-    lifecycle::run(client, process, metrics, |shutdown| async move {
-        controller::run(ctx, namespace, shutdown).await;
+    lifecycle::run(client, process, metrics, |shutdown, ready| async move {
+        controller::run(ctx, namespace, ready, shutdown).await;
         Ok::<(), Never>(())
     })
     .await?;

@@ -29,9 +29,14 @@ async fn every_rendered_capi_object_passes_the_capi_webhooks() {
         Arc::new(Metrics::new().unwrap()),
     ));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(run(ctx, Some(ns.clone()), async {
-        let _ = stopped.await;
-    }));
+    let operator = tokio::spawn(run(
+        ctx,
+        Some(ns.clone()),
+        bootsman_runtime::lifecycle::Readiness::detached(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
 
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),

@@ -35,6 +35,7 @@ use anyhow::Context as _;
 use bootsman_api::capi::{Cluster, Machine};
 use bootsman_api::labels;
 use bootsman_api::v1beta1::{ByoCluster, ByoHost, ByoMachine};
+use bootsman_runtime::lifecycle::Readiness;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -124,6 +125,17 @@ pub async fn run(
     metrics: std::sync::Arc<bootsman_runtime::metrics::Metrics>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    run_reporting(client, config, metrics, Readiness::detached(), shutdown).await
+}
+
+/// [`run`], telling `ready` once every store has listed (the process's `/readyz`).
+pub async fn run_reporting(
+    client: kube::Client,
+    config: Config,
+    metrics: std::sync::Arc<bootsman_runtime::metrics::Metrics>,
+    ready: Readiness,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
     let metrics = metrics::Metrics::register(metrics)?;
     let ns = config.namespace.clone();
     // Hosts may live in shared pool namespaces outside the watched namespace.
@@ -177,7 +189,10 @@ pub async fn run(
     };
     tracing::info!("listing hosts, Leases, machines and clusters");
     tokio::select! {
-        r = listed => r.context("a reflector stopped before its first list")?,
+        r = listed => {
+            r.context("a reflector stopped before its first list")?;
+            ready.ready();
+        }
         () = stopped(stop_rx.clone()) => {
             reflectors.shutdown().await;
             return Ok(());

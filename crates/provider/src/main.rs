@@ -56,6 +56,7 @@ async fn run_leading(
     config: Config,
     metrics: Arc<Metrics>,
     approver: Option<bootsman_provider::csr_approver::Options>,
+    ready: lifecycle::Readiness,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let shutdown = futures::FutureExt::shared(shutdown);
@@ -74,7 +75,7 @@ async fn run_leading(
         }
     };
     let (controllers, approver) = tokio::join!(
-        bootsman_provider::run(client.clone(), config, metrics.clone(), shutdown.clone()),
+        bootsman_provider::run_reporting(client.clone(), config, metrics.clone(), ready, shutdown.clone()),
         approver
     );
     controllers.and(approver)
@@ -117,11 +118,16 @@ async fn main() -> anyhow::Result<()> {
             max_certificate_lifetime: args.max_host_certificate_lifetime,
         });
     let process = args.process.process("bootsman-provider");
-    lifecycle::run(client.clone(), process, metrics.clone(), |shutdown| async move {
-        run_leading(client, config, metrics, approver, shutdown)
-            .await
-            .map_err(Failed)
-    })
+    lifecycle::run(
+        client.clone(),
+        process,
+        metrics.clone(),
+        |shutdown, ready| async move {
+            run_leading(client, config, metrics, approver, ready, shutdown)
+                .await
+                .map_err(Failed)
+        },
+    )
     .await?;
     Ok(())
 }

@@ -513,7 +513,13 @@ async fn start_operator(client: &Client) -> Component {
             bootsman_operator::OperatorSettings::default(),
             metrics,
         ));
-        bootsman_operator::controller::run(ctx, None, shutdown).await;
+        bootsman_operator::controller::run(
+            ctx,
+            None,
+            bootsman_runtime::lifecycle::Readiness::detached(),
+            shutdown,
+        )
+        .await;
     })
     .await
 }

@@ -1,7 +1,12 @@
 //! The life of a controller process: stop on SIGTERM or Ctrl-C, serve `/livez`, `/readyz` and
-//! `/metrics` from the start (readiness never depends on leadership), wait for the leader Lease
-//! (or not, without election), run the controllers until shutdown or lost leadership, and report
-//! a lost Lease or a dead election as an error so the pod restarts as a fresh candidate.
+//! `/metrics` from the start, wait for the leader Lease (or not, without election), run the
+//! controllers until shutdown or lost leadership, and report a lost Lease or a dead election as
+//! an error so the pod restarts as a fresh candidate.
+//!
+//! `/readyz` says whether this replica is fit for its part: a standby (another replica leads) is
+//! ready while it waits; the replica that runs the controllers is ready only once they report
+//! their caches listed ([`Readiness::ready`]), so a rollout never counts a leader that has not yet
+//! seen the cluster.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -15,6 +20,28 @@ use crate::metrics::Metrics;
 
 /// Resolves when the controllers must stop (shutdown asked for, or leadership lost).
 pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send + Sync + 'static>>;
+
+/// The controllers' side of `/readyz`: they call [`Readiness::ready`] once their caches have
+/// listed.
+#[derive(Clone, Debug)]
+pub struct Readiness(watch::Sender<bool>);
+
+impl Readiness {
+    /// A handle for `/readyz` fed by `tx`.
+    pub fn new(tx: watch::Sender<bool>) -> Self {
+        Self(tx)
+    }
+
+    /// A handle that reports nowhere (a caller without a health server).
+    pub fn detached() -> Self {
+        Self(watch::channel(false).0)
+    }
+
+    /// The caches have listed: `/readyz` answers 200.
+    pub fn ready(&self) {
+        self.0.send_replace(true);
+    }
+}
 
 /// How the process takes part in leader election and where it serves health and metrics.
 #[derive(Clone, Debug)]
@@ -84,7 +111,7 @@ pub async fn run<E, F, Fut>(
 ) -> Result<(), Exit<E>>
 where
     E: std::error::Error + 'static,
-    F: FnOnce(Shutdown) -> Fut,
+    F: FnOnce(Shutdown, Readiness) -> Fut,
     Fut: Future<Output = Result<(), E>>,
 {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -110,7 +137,7 @@ where
     };
 
     let server = crate::server::bind(process.metrics_bind_address).await?;
-    let (_ready_tx, ready_rx) = watch::channel(true);
+    let (ready_tx, ready_rx) = watch::channel(false);
     let server_task = tokio::spawn(server.serve(metrics, ready_rx, stopped(stop_rx.clone())));
 
     let (mut leader, election) = if process.leader_elect {
@@ -133,9 +160,13 @@ where
     } else {
         (always_leader(), None)
     };
+    if process.leader_elect {
+        // A standby is ready: it serves health and takes over when the leader goes.
+        ready_tx.send_replace(true);
+    }
     tracing::info!("waiting for leadership");
     tokio::select! {
-        r = leader.wait_for(|held| *held) => {
+        r = async { leader.wait_for(|held| *held).await.map(|_| ()) } => {
             if r.is_err() {
                 return Err(Exit::ElectionEnded("the leadership channel closed".into()));
             }
@@ -143,13 +174,16 @@ where
         () = stopped(stop_rx.clone()) => { let _ = server_task.await; return Ok(()); }
     }
     tracing::info!("leading: starting controllers");
+    // Not ready until the controllers have listed what they watch.
+    ready_tx.send_replace(false);
+    let readiness = Readiness::new(ready_tx);
     let mut lost = leader.clone();
     let stop = stop_rx.clone();
     let shutdown: Shutdown = Box::pin(async move {
         tokio::select! {
             () = async {
                 // A closed channel (no election) never changes: leadership is never lost.
-                if lost.wait_for(|held| !*held).await.is_err() {
+                if lost.wait_for(|held| !*held).await.map(|_| ()).is_err() {
                     std::future::pending::<()>().await;
                 }
             } => tracing::error!("lost the leader Lease"),
@@ -159,13 +193,13 @@ where
     let result = match election {
         Some(mut handle) => {
             let outcome = tokio::select! {
-                r = controllers(shutdown) => r.map_err(Exit::Controllers),
+                r = controllers(shutdown, readiness) => r.map_err(Exit::Controllers),
                 r = &mut handle => Err(Exit::ElectionEnded(format!("{r:?}"))),
             };
             let _ = handle.stop().await;
             outcome
         }
-        None => controllers(shutdown).await.map_err(Exit::Controllers),
+        None => controllers(shutdown, readiness).await.map_err(Exit::Controllers),
     };
     let _ = server_task.await;
     result?;

@@ -70,9 +70,14 @@ impl Operator {
             Context::new(env.client().await, OperatorSettings::default(), metrics).with_shared_pools(pools),
         );
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run(ctx, Some(ns.into()), async move {
-            let _ = rx.await;
-        }));
+        let task = tokio::spawn(run(
+            ctx,
+            Some(ns.into()),
+            bootsman_runtime::lifecycle::Readiness::detached(),
+            async move {
+                let _ = rx.await;
+            },
+        ));
         Self { stop: Some(tx), task }
     }
 

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo build --release -p bootsman-provider
-//! cargo run --release -p bootsman-provider --bin bench-bind -- --hosts 500
+//! cargo run --release -p bootsman-bench --bin bench-bind -- --hosts 500
 //! ```
 //!
 //! What it does, in order:
