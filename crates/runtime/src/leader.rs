@@ -51,7 +51,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -461,34 +460,12 @@ impl Elector {
 
         self.observed.observe(lease.spec.as_ref(), now);
         let old = lease.spec.take().unwrap_or_default();
-        let holder = old.holder_identity.clone().filter(|h| !h.is_empty());
-        let ours = holder.as_deref() == Some(cfg.identity.as_str());
-        if let Some(holder) = &holder {
-            let their_duration = old
-                .lease_duration_seconds
-                .and_then(|s| u64::try_from(s).ok())
-                .map_or(cfg.lease_duration, Duration::from_secs);
-            if !ours && !self.observed.expired(their_duration, now) {
-                return Ok(Attempt::HeldBy(holder.clone()));
-            }
-        }
-
-        let spec = if ours {
-            LeaseSpec {
-                renew_time: Some(micro_now()),
-                lease_duration_seconds: Some(cfg.lease_duration_seconds()),
-                ..old
-            }
-        } else {
-            LeaseSpec {
-                holder_identity: Some(cfg.identity.clone()),
-                acquire_time: Some(micro_now()),
-                renew_time: Some(micro_now()),
-                lease_duration_seconds: Some(cfg.lease_duration_seconds()),
-                lease_transitions: Some(old.lease_transitions.unwrap_or(0).saturating_add(1)),
-                ..old
-            }
+        let (spec, taken_from) = match decide(cfg, old, &self.observed, now, micro_now()) {
+            Decision::Wait(holder) => return Ok(Attempt::HeldBy(holder)),
+            Decision::Write { spec, taken_from } => (spec, taken_from),
         };
+        let ours = taken_from.is_none();
+        let holder = taken_from.flatten();
         lease.spec = Some(spec);
         // `replace` sends the resourceVersion we read: a concurrent writer makes it conflict.
         match self.api.replace(&cfg.name, &PostParams::default(), &lease).await {
@@ -530,6 +507,63 @@ impl Elector {
 
 /// Errors that retrying cannot fix: RBAC forbids the Lease, the namespace does not exist, the
 /// API server rejects the object.
+/// What an attempt does with the Lease it read: the pure half of [`Elector::try_acquire_or_renew`].
+#[derive(Debug, PartialEq)]
+enum Decision {
+    /// Another holder has not missed a renewal: wait.
+    Wait(String),
+    /// Write `spec`: our renewal (`taken_from: None`) or a free or expired Lease taken over
+    /// (`Some(previous holder)`, `Some(None)` when it had none).
+    Write {
+        spec: LeaseSpec,
+        taken_from: Option<Option<String>>,
+    },
+}
+
+/// Decides from the Lease's spec as read (`old`), when we saw it change last (`observed`, on our
+/// monotonic clock: a holder's timestamps come from its clock, not ours) and `stamp`, the time
+/// written into the Lease. An empty holder is no holder; a holder's own lease duration decides
+/// when it has missed its renewal.
+fn decide(
+    cfg: &LeaderElection,
+    old: LeaseSpec,
+    observed: &Observed,
+    now: Instant,
+    stamp: MicroTime,
+) -> Decision {
+    let holder = old.holder_identity.clone().filter(|h| !h.is_empty());
+    if holder.as_deref() == Some(cfg.identity.as_str()) {
+        return Decision::Write {
+            spec: LeaseSpec {
+                renew_time: Some(stamp),
+                lease_duration_seconds: Some(cfg.lease_duration_seconds()),
+                ..old
+            },
+            taken_from: None,
+        };
+    }
+    if let Some(holder) = &holder {
+        let their_duration = old
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(cfg.lease_duration, Duration::from_secs);
+        if !observed.expired(their_duration, now) {
+            return Decision::Wait(holder.clone());
+        }
+    }
+    Decision::Write {
+        spec: LeaseSpec {
+            holder_identity: Some(cfg.identity.clone()),
+            acquire_time: Some(stamp.clone()),
+            renew_time: Some(stamp),
+            lease_duration_seconds: Some(cfg.lease_duration_seconds()),
+            lease_transitions: Some(old.lease_transitions.unwrap_or(0).saturating_add(1)),
+            ..old
+        },
+        taken_from: Some(holder),
+    }
+}
+
 fn is_fatal(e: &Error) -> bool {
     match e.kube_error() {
         Some(kube::Error::Api(s)) => {
@@ -545,12 +579,8 @@ fn micro_now() -> MicroTime {
 
 /// `d` plus up to 20 % more, so candidates that started together drift apart.
 fn jittered(d: Duration) -> Duration {
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    // A fraction in [0, 0.2) from the hasher's random seed.
-    let fraction = (random % 1000) as f64 / 5000.0;
-    d + d.mul_f64(fraction)
+    use rand::Rng as _;
+    d + d.mul_f64(rand::rng().random_range(0.0..0.2))
 }
 
 #[cfg(test)]
@@ -603,6 +633,71 @@ mod tests {
             .with_lease_duration(Duration::from_millis(lease))
             .with_renew_deadline(Duration::from_millis(deadline))
             .with_renew_interval(Duration::from_millis(interval))
+    }
+
+    fn stamp(secs: i64) -> MicroTime {
+        MicroTime(k8s_openapi::jiff::Timestamp::from_second(secs).expect("timestamp"))
+    }
+
+    /// The decision for Lease `old` last seen changing `seen_ago` ago (never, when `None`), by
+    /// candidate "me" with a 15 s lease, written at time 500.
+    fn decided(old: LeaseSpec, seen_ago: Option<u64>) -> Decision {
+        let now = Instant::now() + Duration::from_secs(3600);
+        let mut observed = Observed::default();
+        if let Some(ago) = seen_ago {
+            observed.observe(Some(&old), now - Duration::from_secs(ago));
+        }
+        decide(&election(15_000, 10_000, 2_000), old, &observed, now, stamp(500))
+    }
+
+    #[tokio::test]
+    async fn our_lease_is_renewed_keeping_its_acquisition() {
+        let mut old = spec("me", 100);
+        old.acquire_time = Some(stamp(50));
+        old.lease_transitions = Some(4);
+        let Decision::Write { spec, taken_from } = decided(old, Some(1)) else {
+            panic!("our own Lease is renewed");
+        };
+        assert_eq!(taken_from, None);
+        assert_eq!(spec.renew_time, Some(stamp(500)));
+        assert_eq!(spec.acquire_time, Some(stamp(50)), "a renewal is no acquisition");
+        assert_eq!(spec.lease_transitions, Some(4), "a renewal is no transition");
+        assert_eq!(spec.lease_duration_seconds, Some(15));
+    }
+
+    #[tokio::test]
+    async fn a_live_holder_is_waited_for_an_expired_one_replaced() {
+        // Renewed 5 s ago (by our clock) with a 15 s lease: wait.
+        assert_eq!(
+            decided(spec("other", 100), Some(5)),
+            Decision::Wait("other".into())
+        );
+        // Its own lease duration counts, not ours: 60 s, seen 20 s ago, still live.
+        let mut long = spec("other", 100);
+        long.lease_duration_seconds = Some(60);
+        assert_eq!(decided(long.clone(), Some(20)), Decision::Wait("other".into()));
+        // Missed its renewal: taken, one more transition, acquired now.
+        long.lease_transitions = Some(2);
+        let Decision::Write { spec, taken_from } = decided(long, Some(61)) else {
+            panic!("an expired holder is replaced");
+        };
+        assert_eq!(taken_from, Some(Some("other".into())));
+        assert_eq!(spec.holder_identity.as_deref(), Some("me"));
+        assert_eq!(spec.acquire_time, Some(stamp(500)));
+        assert_eq!(spec.lease_transitions, Some(3));
+        assert_eq!(spec.lease_duration_seconds, Some(15));
+    }
+
+    #[tokio::test]
+    async fn a_free_lease_is_taken_at_once() {
+        for old in [LeaseSpec::default(), spec("", 100)] {
+            let Decision::Write { spec, taken_from } = decided(old, Some(0)) else {
+                panic!("a Lease without a holder is free");
+            };
+            assert_eq!(taken_from, Some(None));
+            assert_eq!(spec.holder_identity.as_deref(), Some("me"));
+            assert_eq!(spec.lease_transitions, Some(1));
+        }
     }
 
     #[tokio::test]
