@@ -141,26 +141,10 @@ impl AgentMetrics {
     }
 }
 
-/// Whether `name` is an RFC 1123 subdomain (what a ByoHost name must be).
+/// Whether `name` is an RFC 1123 subdomain (what a ByoHost name must be); the error names the
+/// rule.
 pub fn check_host_name(name: &str) -> Result<(), String> {
-    let rule = "must be an RFC 1123 subdomain: at most 253 characters of lowercase a-z, 0-9, '-' \
-                and '.', each dot-separated part starting and ending with a letter or digit";
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|part| {
-            !part.is_empty()
-                && part.len() <= 63
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{name:?} {rule}"))
-    }
+    bootsman_api::identity::validate_host_name(name)
 }
 
 struct Agent {

@@ -138,17 +138,10 @@ pub fn is_dns_label(s: &str) -> bool {
 }
 
 /// Whether `s` is an RFC 1123 subdomain (an object name such as a ByoHost's): at most 253
-/// characters of dot-separated labels.
+/// characters of dot-separated labels ([`is_dns_label`], so at most 63 characters each, as in a
+/// host name).
 pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|l| {
-            !l.is_empty()
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        })
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 /// Checks that `name` is a host name: an RFC 1123 subdomain. The error says why not.

@@ -63,37 +63,10 @@ pub struct Request {
 /// An issued token (its Secret: [`secret_for`]).
 pub use bootsman_api::identity::BootstrapToken as Token;
 
-/// Parses a duration such as `90s`, `15m`, `1h`, `2d` or `1h30m`. The error names `flag`.
+/// Parses a duration in the one syntax of every Bootsman flag (`bootsman_runtime::duration`:
+/// `90s`, `15m`, `1h30m`, `2d`, or plain seconds). The error names `flag`.
 pub fn parse_duration(flag: &'static str, s: &str) -> Result<Duration, Error> {
-    let bad = |m: &str| Error::Invalid {
-        flag,
-        message: format!("{s:?} {m}; use a duration such as 90s, 15m, 1h, 2d or 1h30m"),
-    };
-    let mut total = 0u64;
-    let mut num = String::new();
-    for c in s.chars() {
-        if c.is_ascii_digit() {
-            num.push(c);
-            continue;
-        }
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            'd' => 86400,
-            _ => return Err(bad(&format!("has unknown unit {c:?}"))),
-        };
-        let n: u64 = num.parse().map_err(|_| bad("is not a duration"))?;
-        total = n
-            .checked_mul(unit)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(|| bad("is too long"))?;
-        num.clear();
-    }
-    if s.is_empty() || !num.is_empty() {
-        return Err(bad("lacks a unit"));
-    }
-    Ok(Duration::from_secs(total))
+    bootsman_runtime::duration::parse(s).map_err(|message| Error::Invalid { flag, message })
 }
 
 /// Checks a request: pool an RFC 1123 label, host an RFC 1123 subdomain, TTL within
@@ -172,7 +145,9 @@ pub async fn create(client: &kube::Client, req: &Request) -> Result<Token, Error
         };
         match secrets.create(&PostParams::default(), &secret_for(&token)).await {
             Ok(_) => return Ok(token),
-            Err(kube::Error::Api(s)) if s.code == 409 && attempts < 3 => attempts += 1,
+            Err(kube::Error::Api(s)) if (s.is_already_exists() || s.is_conflict()) && attempts < 3 => {
+                attempts += 1
+            }
             Err(source) => {
                 return Err(Error::Kube {
                     what: format!(
@@ -232,7 +207,8 @@ mod tests {
         assert_eq!(d("15m").ok(), Some(900));
         assert_eq!(d("1h30m").ok(), Some(5400));
         assert_eq!(d("2d").ok(), Some(172_800));
-        for bad in ["", "1", "h", "1x", "-1h", "1.5h"] {
+        assert_eq!(d("600").ok(), Some(600), "plain seconds, as every Bootsman flag");
+        for bad in ["", "h", "1x", "-1h", "1.5h"] {
             let e = d(bad).expect_err(bad).to_string();
             assert!(e.starts_with("--ttl: "), "{e}");
         }

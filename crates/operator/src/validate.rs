@@ -315,7 +315,7 @@ fn parse_range(s: &str) -> Option<(IpAddr, IpAddr)> {
 /// Each name must be a DNS-1123 label and unique within `names`.
 fn check_names(out: &mut Vec<Violation>, names: &[&str], list: &str, bad: &str, dup: &str) {
     for (i, n) in names.iter().enumerate() {
-        if !is_dns1123_label(n) {
+        if !bootsman_api::identity::is_dns_label(n) {
             out.push(v(format!("{list}[{i}].name"), bad));
         }
         if names[..i].contains(n) {
@@ -355,16 +355,6 @@ fn is_image_repository(s: &str) -> bool {
     component(host, b".-")
         && port.is_none_or(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
         && parts.all(|c| component(c, b"._-"))
-}
-
-fn is_dns1123_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
 }
 
 /// A parsed CIDR block.

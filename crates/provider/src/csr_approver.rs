@@ -325,7 +325,7 @@ pub async fn sweep_orphan_bindings(
                 swept.push(format!("{ns}/{name}"));
             }
             // Granted again since the list: a new uid, not this binding any more.
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(kube::Error::Api(s)) if s.is_conflict() => {}
             Err(e) => return Err(kerr(format!("delete RoleBinding {ns}/{name}"))(e)),
         }
     }

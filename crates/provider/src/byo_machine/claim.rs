@@ -256,7 +256,7 @@ async fn attempt(
         ctx.note_written(bm);
         match claim_host(bm, &api, &host, cluster).await {
             Ok(h) => return Ok(Some(h)),
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
+            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_invalid() => {
                 // Lost a race, unless the winner was this machine (another replica acting for it).
                 let current = match api.get(&name).await {
                     Ok(h) => h,
