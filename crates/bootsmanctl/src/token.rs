@@ -145,7 +145,7 @@ pub async fn create(client: &kube::Client, req: &Request) -> Result<Token, Error
         };
         match secrets.create(&PostParams::default(), &secret_for(&token)).await {
             Ok(_) => return Ok(token),
-            Err(kube::Error::Api(s)) if (s.is_already_exists() || s.is_conflict()) && attempts < 3 => {
+            Err(kube::Error::Api(s)) if bootsman_runtime::api_errors::conflict(&s) && attempts < 3 => {
                 attempts += 1
             }
             Err(source) => {

@@ -126,7 +126,7 @@ fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
 }
 
 fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.is_not_found())
+    bootsman_runtime::api_errors::is_not_found(e)
 }
 
 /// Reconciles one BootsmanCluster.

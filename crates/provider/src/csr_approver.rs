@@ -50,6 +50,7 @@
 //! Decisions are counted in `bootsman_provider_host_csrs_total{decision,reason}` and logged with
 //! the CSR's name, requester and reason.
 
+use bootsman_runtime::api_errors;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -325,7 +326,7 @@ pub async fn sweep_orphan_bindings(
                 swept.push(format!("{ns}/{name}"));
             }
             // Granted again since the list: a new uid, not this binding any more.
-            Err(kube::Error::Api(s)) if s.is_conflict() => {}
+            Err(kube::Error::Api(s)) if api_errors::conflict(&s) => {}
             Err(e) => return Err(kerr(format!("delete RoleBinding {ns}/{name}"))(e)),
         }
     }

@@ -1,5 +1,7 @@
 //! Errors of the provider's controllers.
 
+use bootsman_runtime::api_errors;
+
 /// Why a reconcile failed. Every variant is retried with backoff; `label` names it in metrics.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -78,7 +80,7 @@ pub fn retry_after(err: &Error) -> Option<std::time::Duration> {
             // The finalizer helper's JSON-patch `test` fails (422) when another writer changed
             // the finalizers first: a lost race like any other.
             F::AddFinalizer(kube::Error::Api(s)) | F::RemoveFinalizer(kube::Error::Api(s))
-                if s.is_conflict() || s.is_invalid() =>
+                if api_errors::conflict(s) || api_errors::invalid(s) =>
             {
                 Some(conflict_backoff())
             }
@@ -92,14 +94,14 @@ pub fn retry_after(err: &Error) -> Option<std::time::Duration> {
 pub fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let what = what.into();
     move |source| match &source {
-        kube::Error::Api(s) if s.is_conflict() || s.is_already_exists() => Error::Conflict(what),
+        kube::Error::Api(s) if api_errors::conflict(s) => Error::Conflict(what),
         _ => Error::Kube { what, source },
     }
 }
 
 /// Whether an API error is a 404.
 pub fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.is_not_found())
+    api_errors::is_not_found(e)
 }
 
 /// Result of the provider.

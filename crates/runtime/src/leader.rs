@@ -64,6 +64,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::Error;
+use crate::api_errors;
 
 /// Default time a Lease stays valid after its last renewal.
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -453,7 +454,7 @@ impl Elector {
                     self.observed.observe(created.spec.as_ref(), now);
                     Ok(Attempt::Held)
                 }
-                Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => Ok(Attempt::Conflict),
+                Err(kube::Error::Api(s)) if api_errors::conflict(&s) => Ok(Attempt::Conflict),
                 Err(e) => Err(cfg.create_error(e)),
             };
         };
@@ -476,7 +477,7 @@ impl Elector {
                 }
                 Ok(Attempt::Held)
             }
-            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(Attempt::Conflict),
+            Err(kube::Error::Api(s)) if api_errors::conflict(&s) => Ok(Attempt::Conflict),
             Err(e) => Err(cfg.update_error(e)),
         }
     }
@@ -499,7 +500,7 @@ impl Elector {
         match self.api.replace(&cfg.name, &PostParams::default(), &lease).await {
             Ok(_) => Ok(true),
             // Someone wrote it since we read it: it is theirs now.
-            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(false),
+            Err(kube::Error::Api(s)) if api_errors::conflict(&s) => Ok(false),
             Err(e) => Err(cfg.update_error(e)),
         }
     }
@@ -567,7 +568,9 @@ fn decide(
 fn is_fatal(e: &Error) -> bool {
     match e.kube_error() {
         Some(kube::Error::Api(s)) => {
-            s.is_forbidden() || s.is_invalid() || (matches!(e, Error::CreateLease { .. }) && s.is_not_found())
+            s.is_forbidden()
+                || api_errors::invalid(s)
+                || (matches!(e, Error::CreateLease { .. }) && api_errors::not_found(s))
         }
         _ => false,
     }

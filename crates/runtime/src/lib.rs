@@ -7,6 +7,7 @@
 //! duration syntax of every flag ([`duration`]).
 //! Depends on nothing of ours.
 
+pub mod api_errors;
 pub mod conditions;
 pub mod duration;
 mod error;

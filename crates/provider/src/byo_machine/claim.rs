@@ -27,6 +27,7 @@
 use bootsman_api::capi::Machine;
 use bootsman_api::labels;
 use bootsman_api::v1beta1::{ByoHost, ByoMachine};
+use bootsman_runtime::api_errors;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -256,7 +257,7 @@ async fn attempt(
         ctx.note_written(bm);
         match claim_host(bm, &api, &host, cluster).await {
             Ok(h) => return Ok(Some(h)),
-            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_invalid() => {
+            Err(kube::Error::Api(s)) if api_errors::conflict(&s) || api_errors::invalid(&s) => {
                 // Lost a race, unless the winner was this machine (another replica acting for it).
                 let current = match api.get(&name).await {
                     Ok(h) => h,
