@@ -691,3 +691,101 @@ async fn a_moved_machine_keeps_its_host_and_claims_no_other() {
     );
     site.stop().await;
 }
+
+/// The fault of a provider killed between the two writes of a claim: ByoMachines carry the
+/// intent a dead provider left (host annotation, attempt, binding id, block-move, finalizer), and
+/// no host was claimed for them. A fresh provider finishes the claim on the intended host, not on
+/// the host the machine's own choice would start from; a machine whose intended host was taken
+/// meanwhile gets another, and the taken host stays with the machine that holds it.
+#[tokio::test]
+async fn a_provider_killed_between_intent_and_claim_claims_no_second_host() {
+    use bootsman_api::v1beta1::{ByoHost, MachineRef};
+    use bootsman_provider::byo_machine::{FINALIZER, claim};
+    use bootsman_provider::pool::{self, Choice, Wanted};
+    use kube::api::ListParams;
+
+    let mut site = Site::new("intent").await;
+    for i in 0..4 {
+        site.host(&format!("host-{i}"), &[("role", "worker")], true).await;
+    }
+    site.cluster("c1", false).await;
+    let m0 = site.machine("c1", "m0", Some(role("worker"))).await;
+    let m1 = site.machine("c1", "m1", Some(role("worker"))).await;
+    let m2 = site.machine("c1", "m2", Some(role("worker"))).await;
+    let hosts = Api::<ByoHost>::namespaced(site.admin.clone(), &site.ns);
+
+    // m0 holds host-3 (claimed before the crash).
+    let taken = "host-3";
+    hosts
+        .patch(
+            taken,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"machineRef": MachineRef {
+                namespace: site.ns.clone(),
+                name: "m0".into(),
+                uid: m0.uid().unwrap(),
+            }}})),
+        )
+        .await
+        .unwrap();
+
+    // m1's intent names a free host other than the one its own choice starts from.
+    let all = hosts.list(&ListParams::default()).await.unwrap().items;
+    let refs: Vec<&ByoHost> = all.iter().collect();
+    let pools = vec![site.ns.clone()];
+    let uid1 = m1.uid().unwrap();
+    let selector = role("worker");
+    let wanted = Wanted {
+        machine_uid: &uid1,
+        pools: &pools,
+        selector: Some(&selector),
+        failure_domain: None,
+    };
+    let Choice::Candidates(candidates) = pool::choose(&refs, &wanted, |_| true) else {
+        panic!("the free hosts are candidates");
+    };
+    let natural = candidates[0].name_any();
+    let intended = candidates[1].name_any();
+    assert_ne!(natural, intended);
+
+    // The intents a provider killed after its first write leaves behind.
+    for (bm, host) in [(&m1, intended.as_str()), (&m2, taken)] {
+        let patch = serde_json::json!({"metadata": {
+            "annotations": {
+                claim::HOST_ANNOTATION: format!("{}/{host}", site.ns),
+                claim::ATTEMPT_ANNOTATION: "0123456789abcdef",
+                claim::BINDING_ANNOTATION: bm.uid(),
+                bootsman_api::labels::CLUSTERCTL_BLOCK_MOVE: "claiming a host",
+            },
+            "finalizers": [FINALIZER],
+        }});
+        site.byomachines()
+            .patch(&bm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    site.start_provider(site.config()).await;
+    assert_eq!(
+        bound_host(&site, "m1").await,
+        intended,
+        "m1 claimed another host than its intent"
+    );
+    let m2_host = bound_host(&site, "m2").await;
+    assert_ne!(m2_host, taken, "m2 got the host m0 holds");
+    assert_eq!(bound_host(&site, "m0").await, taken);
+
+    // Every host is bound at most once, and each bound host names the machine holding it.
+    let all = hosts.list(&ListParams::default()).await.unwrap().items;
+    let bound: Vec<(String, String)> = all
+        .iter()
+        .filter_map(|h| Some((h.name_any(), h.spec.machine_ref.as_ref()?.name.clone())))
+        .collect();
+    assert_eq!(bound.len(), 3, "three hosts bound, one each: {bound:?}");
+    for (host, machine) in [(taken, "m0"), (intended.as_str(), "m1"), (m2_host.as_str(), "m2")] {
+        assert!(
+            bound.contains(&(host.to_string(), machine.to_string())),
+            "{host} is not bound to {machine}: {bound:?}"
+        );
+    }
+}
