@@ -704,14 +704,19 @@ async fn a_provider_killed_between_intent_and_claim_claims_no_second_host() {
     use bootsman_provider::pool::{self, Choice, Wanted};
     use kube::api::ListParams;
 
+    // Two groups of hosts, so that m1 and m2 never compete: an intent reserves a host against a
+    // second claim by its own machine, not against other machines.
     let mut site = Site::new("intent").await;
-    for i in 0..4 {
+    for i in 0..3 {
         site.host(&format!("host-{i}"), &[("role", "worker")], true).await;
     }
+    for i in 3..5 {
+        site.host(&format!("host-{i}"), &[("role", "spare")], true).await;
+    }
     site.cluster("c1", false).await;
-    let m0 = site.machine("c1", "m0", Some(role("worker"))).await;
+    let m0 = site.machine("c1", "m0", Some(role("spare"))).await;
     let m1 = site.machine("c1", "m1", Some(role("worker"))).await;
-    let m2 = site.machine("c1", "m2", Some(role("worker"))).await;
+    let m2 = site.machine("c1", "m2", Some(role("spare"))).await;
     let hosts = Api::<ByoHost>::namespaced(site.admin.clone(), &site.ns);
 
     // m0 holds host-3 (claimed before the crash).
@@ -772,7 +777,10 @@ async fn a_provider_killed_between_intent_and_claim_claims_no_second_host() {
         "m1 claimed another host than its intent"
     );
     let m2_host = bound_host(&site, "m2").await;
-    assert_ne!(m2_host, taken, "m2 got the host m0 holds");
+    assert_eq!(
+        m2_host, "host-4",
+        "m2's intended host is m0's: it gets the other spare"
+    );
     assert_eq!(bound_host(&site, "m0").await, taken);
 
     // Every host is bound at most once, and each bound host names the machine holding it.
