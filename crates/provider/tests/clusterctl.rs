@@ -18,6 +18,10 @@ fn release() -> PathBuf {
     let root = repo_root();
     ONCE.call_once(|| {
         let out = Command::new(root.join("hack/release"))
+            .env(
+                "CLUSTERCTL_COMPONENTS",
+                env!("CARGO_BIN_EXE_clusterctl-components"),
+            )
             .output()
             .expect("run hack/release");
         assert!(
