@@ -11,8 +11,7 @@
 //! renews it with its own identity ([`renew_loop`]), with a fresh key each time.
 
 use std::future::Future;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -297,36 +296,12 @@ fn ensure_private_dir(dir: &Path) -> Result<(), Error> {
         .map_err(io(dir))
 }
 
-/// Writes `data` to `path` atomically: a temporary file created with mode 0600 (never readable by
-/// others, not even briefly), synced, then renamed over `path`.
+/// Writes `data` to `path` atomically, readable by root alone (0600, in a 0700 directory): the
+/// agent's one atomic write, [`crate::state::replace_file`].
 pub fn write_private(path: &Path, data: &[u8]) -> Result<(), Error> {
     let dir = path.parent().unwrap_or(Path::new("."));
     ensure_private_dir(dir)?;
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(".tmp");
-    let tmp = dir.join(tmp_name);
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(&tmp)(e)),
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    // The umask cannot widen 0600, but a pre-set ACL or odd umask is no excuse either.
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(io(&tmp))?;
-    f.write_all(data).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(io(path))?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    crate::state::replace_file(path, data, 0o600).map_err(io(path))
 }
 
 /// A kubeconfig (YAML) for `server`, trusting `ca` (base64 PEM), authenticating with the
@@ -560,6 +535,7 @@ async fn wait_for_certificate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn a_backdated_certificate_counts_from_its_receipt() {

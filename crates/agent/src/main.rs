@@ -71,8 +71,8 @@ struct Args {
     #[arg(long, env = "BYOH_CERTIFICATE_LIFETIME", default_value = "720h", value_parser = parse_lifetime)]
     certificate_lifetime: Duration,
     /// Log format: json, text, or auto (JSON unless stderr is a terminal).
-    #[arg(long, env = "BYOH_LOG_FORMAT", default_value = "auto", value_parser = ["json", "text", "auto"])]
-    log_format: String,
+    #[arg(long, env = "BYOH_LOG_FORMAT", default_value = "auto")]
+    log_format: bootsman_runtime::telemetry::Format,
 }
 
 /// A `--label`: `name=value` becomes `host.bootsman.io/name=value`; a key under another prefix
@@ -150,25 +150,6 @@ fn parse_lifetime(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn init_logs(format: &str) {
-    use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
-    let json = match format {
-        "json" => true,
-        "text" => false,
-        _ => !std::io::stderr().is_terminal(),
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().flatten_event(true).try_init()
-    } else {
-        builder.try_init()
-    };
-}
-
 /// Whether the kubeconfig at `path` holds a client certificate that is valid now.
 fn identity_valid(path: &Path) -> anyhow::Result<()> {
     let kc = Kubeconfig::read_from(path).with_context(|| format!("read {}", path.display()))?;
@@ -211,30 +192,10 @@ async fn client_from(path: &Path) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(cfg)?)
 }
 
-/// A flag that turns true on the first SIGTERM or SIGINT (systemd stop, Ctrl-C).
-fn stop_on_signals() -> std::io::Result<watch::Receiver<bool>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let (tx, rx) = watch::channel(false);
-    tokio::spawn(async move {
-        let which = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        };
-        tracing::info!(
-            signal = which,
-            "draining: the watch stops, a running command is abandoned with its progress kept"
-        );
-        tx.send_replace(true);
-    });
-    Ok(rx)
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_logs(&args.log_format);
+    bootsman_runtime::telemetry::init_with("info,kube=warn", args.log_format);
     match run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -285,7 +246,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new()?);
     let agent_metrics = AgentMetrics::register(metrics.registry())?;
 
-    let stop_rx = stop_on_signals().context("install the SIGTERM handler")?;
+    let stop_rx = bootsman_runtime::lifecycle::stop_on_signals(
+        "draining: the watch stops, a running command is abandoned with its progress kept",
+    )
+    .context("install the SIGTERM handler")?;
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };

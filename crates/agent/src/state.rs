@@ -199,19 +199,36 @@ fn safe(uid: &str) -> String {
         .collect()
 }
 
-/// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync of the directory.
+/// Writes `bytes` to `path` atomically (see [`replace_file`]), private to root (0600).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
-        f.write_all(bytes).map_err(io("write", &tmp))?;
-        f.sync_all().map_err(io("sync", &tmp))?;
+    replace_file(path, bytes, 0o600).map_err(io("write atomically", path))
+}
+
+/// The agent's one atomic file write: a temporary file beside `path` created with `mode` (never
+/// wider, not even briefly: a stale one is removed first), written and synced, renamed over
+/// `path`, then the directory synced. A crash leaves the old file or the new one, never half.
+pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
     }
-    std::fs::rename(&tmp, path).map_err(io("rename into", path))?;
-    match path.parent() {
-        Some(dir) => sync_dir(dir),
-        None => Ok(()),
-    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)?;
+    // The umask cannot widen `mode`, but a pre-set default ACL could.
+    f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StateError> {

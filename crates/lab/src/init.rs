@@ -619,6 +619,31 @@ impl Init {
         }
     }
 
+    /// Stops the unit and returns once its main process has gone, as `systemctl stop` does:
+    /// SIGTERM, then SIGKILL when its stop timeout (at most 30 s) has passed. `kubeadm reset`
+    /// stops the kubelet and then removes the containers: were the stop not waited for, a kubelet
+    /// still shutting down could start a container after that removal.
+    fn stop_and_wait(&mut self, name: &str) {
+        self.stop(name);
+        let give_up = Instant::now() + Duration::from_secs(45);
+        loop {
+            self.reap();
+            let Some(u) = self.units.get(name) else { return };
+            let Some(pid) = u.pid else { return };
+            if Instant::now() > give_up {
+                self.log(&format!(
+                    "{name}: still running 45 s after the stop; giving up waiting"
+                ));
+                return;
+            }
+            if u.kill_at.is_some_and(|t| t <= Instant::now()) {
+                let _ = killpg(pid, Signal::SIGKILL);
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Starts the unit's main process from its unit file.
     fn spawn(&mut self, name: &str) -> Result<(), String> {
         let svc = unit::load(Path::new("/"), name).map_err(|e| e.to_string())?;
@@ -702,7 +727,7 @@ impl Init {
                         let r = if req.verb == "enable" {
                             self.start(n).err()
                         } else {
-                            self.stop(n);
+                            self.stop_and_wait(n);
                             None
                         };
                         if let Some(e) = r {
@@ -717,23 +742,9 @@ impl Init {
                     if !self.units.contains_key(n) {
                         return Reply::fail(5, format!("Failed to start {n}: Unit {n} not found."));
                     }
-                    if req.verb != "start"
-                        && let Some(pid) = self.units.get(n).and_then(|u| u.pid)
-                    {
+                    if req.verb != "start" {
                         // A restart waits for the old process to go, as systemd does.
-                        let _ = kill(pid, Signal::SIGTERM);
-                        let deadline = Instant::now() + Duration::from_secs(20);
-                        while self.units.get(n).and_then(|u| u.pid).is_some() && Instant::now() < deadline {
-                            std::thread::sleep(Duration::from_millis(50));
-                            if let Some(u) = self.units.get_mut(n) {
-                                u.wanted = false;
-                            }
-                            self.reap();
-                        }
-                        if let Some(pid) = self.units.get(n).and_then(|u| u.pid) {
-                            let _ = killpg(pid, Signal::SIGKILL);
-                            self.reap();
-                        }
+                        self.stop_and_wait(n);
                     }
                     if let Err(e) = self.start(n) {
                         return Reply::fail(1, format!("Failed to start {n}: {e}"));
@@ -743,7 +754,7 @@ impl Init {
             }
             "stop" => {
                 for n in &names {
-                    self.stop(n);
+                    self.stop_and_wait(n);
                 }
                 Reply::ok(String::new())
             }

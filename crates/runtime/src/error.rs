@@ -30,6 +30,10 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The SIGTERM/SIGINT handlers could not be installed.
+    #[error("failed to install the signal handlers")]
+    Signals(#[source] std::io::Error),
+
     /// The leader election was configured with impossible durations or empty names.
     #[error("invalid leader election configuration: {0}")]
     LeaderConfig(String),
@@ -82,6 +86,7 @@ impl Error {
             Self::RegisterMetric { .. } => "register_metric",
             Self::EncodeMetrics(_) => "encode_metrics",
             Self::Bind { .. } => "bind",
+            Self::Signals(_) => "signals",
             Self::LeaderConfig(_) => "leader_config",
             Self::GetLease { .. } => "get_lease",
             Self::CreateLease { .. } => "create_lease",

@@ -43,6 +43,24 @@ impl Readiness {
     }
 }
 
+/// A flag that turns true on the first SIGTERM or SIGINT (a pod's or unit's stop, Ctrl-C), when
+/// `message` is logged with the signal's name. Every Bootsman binary stops through it.
+pub fn stop_on_signals(message: &'static str) -> std::io::Result<watch::Receiver<bool>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let which = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = which, "{message}");
+        tx.send_replace(true);
+    });
+    Ok(rx)
+}
+
 /// How the process takes part in leader election and where it serves health and metrics.
 #[derive(Clone, Debug)]
 pub struct Process {
@@ -114,24 +132,7 @@ where
     F: FnOnce(Shutdown, Readiness) -> Fut,
     Fut: Future<Output = Result<(), E>>,
 {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let term = async {
-            match term.as_mut() {
-                Some(t) => {
-                    t.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = term => {}
-        }
-        tracing::info!("shutting down");
-        let _ = stop_tx.send(true);
-    });
+    let stop_rx = stop_on_signals("shutting down").map_err(crate::Error::Signals)?;
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
