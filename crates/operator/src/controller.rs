@@ -204,19 +204,15 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
     let mut addons_missing = false;
     let mut written = Vec::new();
     for obj in desired {
+        // Add-ons need the Helm add-on provider's CRD; without it they wait (AddonsReady).
+        let addon = obj["kind"] == "HelmChartProxy";
         match apply_if_changed(&ctx.client, obj).await {
             Ok(Some(kind_name)) => written.push(kind_name),
             Ok(None) => {}
-            Err(e) => {
-                if let Error::Kube { source, action } = &e
-                    && action.contains("HelmChartProxy")
-                    && is_not_found(source)
-                {
-                    addons_missing = true;
-                    continue;
-                }
-                return Err(e);
+            Err(Error::Kube { source, .. }) if addon && is_not_found(&source) => {
+                addons_missing = true;
             }
+            Err(e) => return Err(e),
         }
     }
     if !written.is_empty() {

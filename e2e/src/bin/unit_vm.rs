@@ -122,7 +122,8 @@ async fn run() -> Result<()> {
 }
 
 fn write_summary(summary: &Summary) {
-    let dir = bootsman_testenv::repo_root().join("target/e2e");
+    let root = bootsman_testenv::repo_root();
+    let dir = root.canonicalize().unwrap_or(root).join("target/e2e");
     let path = dir.join("unit-vm.json");
     let text = serde_json::to_string_pretty(summary).unwrap_or_default();
     if std::fs::create_dir_all(&dir)
