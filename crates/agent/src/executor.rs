@@ -50,6 +50,10 @@ pub enum ExecError {
 /// and when a whole cluster is deleted the last member has no quorum left to leave, so kubeadm
 /// would retry for many minutes and the host would be quarantined instead of returning clean.
 pub const KUBEADM_RESET: [&str; 4] = ["kubeadm", "reset", "-f", "--skip-phases=remove-etcd-member"];
+/// After [`KUBEADM_RESET`], where `crictl` exists: every pod sandbox that is left, forcibly.
+pub const CRI_REMOVE_PODS: [&str; 4] = ["crictl", "rmp", "--all", "--force"];
+/// Then every container that is left.
+pub const CRI_REMOVE_CONTAINERS: [&str; 4] = ["crictl", "rm", "--all", "--force"];
 
 /// The umask of every command the agent runs. The agent's own unit sets `UMask=0077` for its
 /// keys and journals; bootstrap commands expect an ordinary system's 022 (a keyring `apt` must
@@ -272,6 +276,11 @@ impl Executor {
     /// Finds `kubeadm` where the bootstrap's commands would: `<root>/usr/local/bin`,
     /// `<root>/usr/bin`, and on the host root also the rest of `PATH`.
     pub fn kubeadm(&self) -> Option<PathBuf> {
+        self.program("kubeadm")
+    }
+
+    /// Finds program `name` where the bootstrap's commands would (see [`Executor::kubeadm`]).
+    pub fn program(&self, name: &str) -> Option<PathBuf> {
         let root = self.root.dir();
         let mut dirs = vec![
             root.join("usr/local/bin"),
@@ -283,7 +292,7 @@ impl Executor {
                 &std::env::var_os("PATH").unwrap_or_default(),
             ));
         }
-        dirs.into_iter().map(|d| d.join("kubeadm")).find(|p| {
+        dirs.into_iter().map(|d| d.join(name)).find(|p| {
             p.metadata()
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
@@ -314,6 +323,22 @@ impl Executor {
                 )));
             }
             notes.push(KUBEADM_RESET.join(" "));
+            // kubeadm removes the pods it finds once the kubelet has stopped; a container the
+            // kubelet was starting as it stopped can survive that. Remove whatever is left.
+            if let Some(crictl) = self.program("crictl") {
+                for args in [CRI_REMOVE_PODS, CRI_REMOVE_CONTAINERS] {
+                    let mut cmd = with_umask(&crictl.display().to_string(), &args[1..]);
+                    self.prepare(&mut cmd);
+                    let log = self.state.dir().join("logs/reset-cri.log");
+                    match run_logged(cmd, &log, self.command_timeout, stop).await {
+                        Ok(ran) if ran.ok => notes.push(args.join(" ")),
+                        Ok(ran) => {
+                            tracing::warn!(command = %args.join(" "), summary = %ran.summary, "removing what kubeadm reset left failed");
+                        }
+                        Err(e) => return Err(Err(e)),
+                    }
+                }
+            }
         }
         let journals = self.state.journals().map_err(|e| Err(e.into()))?;
         let mut removed = 0;
