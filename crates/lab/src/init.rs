@@ -628,18 +628,17 @@ impl Init {
         let give_up = Instant::now() + Duration::from_secs(45);
         loop {
             self.reap();
-            let Some(u) = self.units.get(name) else { return };
-            let Some(pid) = u.pid else { return };
+            if self.units.get(name).and_then(|u| u.pid).is_none() {
+                return;
+            }
             if Instant::now() > give_up {
                 self.log(&format!(
                     "{name}: still running 45 s after the stop; giving up waiting"
                 ));
                 return;
             }
-            if u.kill_at.is_some_and(|t| t <= Instant::now()) {
-                let _ = killpg(pid, Signal::SIGKILL);
-                let _ = kill(pid, Signal::SIGKILL);
-            }
+            // SIGKILL once the stop timeout passes (and other units' timers keep running).
+            self.timers();
             std::thread::sleep(Duration::from_millis(50));
         }
     }
