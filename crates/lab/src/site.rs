@@ -217,7 +217,7 @@ impl Site {
         let mut controllers = Vec::new();
         if plan.controllers == Controllers::Pods {
             for d in ["bootsman-provider", "bootsman-operator"] {
-                run(
+                let rollout = run(
                     env.kubectl().args([
                         "-n",
                         "bootsman-system",
@@ -227,7 +227,10 @@ impl Site {
                         "--timeout=180s",
                     ]),
                     &format!("kubectl rollout status deployment/{d}"),
-                )?;
+                );
+                if let Err(e) = rollout {
+                    return Err(explain_rollout(&env, &lab, d, e));
+                }
             }
             p.say("bootsman-provider and bootsman-operator running as Pods of the chart on infra-1");
         } else {
@@ -707,6 +710,57 @@ where
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+}
+
+/// A Deployment that did not roll out: what its Pods, their Events and their logs say, written to
+/// `<lab>/<deployment>-rollout.txt` and summed up in the error, so a failed run explains itself.
+fn explain_rollout(env: &TestEnv, lab: &Lab, deployment: &str, cause: Error) -> Error {
+    let selector = format!("app.kubernetes.io/name={deployment}");
+    let mut report = String::new();
+    for (what, args) in [
+        ("pods", vec!["get", "pods", "-o", "wide", "-l", &selector]),
+        ("describe", vec!["describe", "pods", "-l", &selector]),
+        (
+            "logs",
+            vec![
+                "logs",
+                "-l",
+                &selector,
+                "--all-containers",
+                "--tail=80",
+                "--prefix",
+            ],
+        ),
+        (
+            "previous logs",
+            vec![
+                "logs",
+                "-l",
+                &selector,
+                "--all-containers",
+                "--tail=40",
+                "--previous",
+            ],
+        ),
+        ("lease", vec!["get", "leases", "-o", "wide"]),
+    ] {
+        let out = env.kubectl().args(["-n", "bootsman-system"]).args(&args).output();
+        report.push_str(&format!("--- {what}\n"));
+        match out {
+            Ok(o) => {
+                report.push_str(&String::from_utf8_lossy(&o.stdout));
+                report.push_str(&String::from_utf8_lossy(&o.stderr));
+            }
+            Err(e) => report.push_str(&format!("kubectl: {e}\n")),
+        }
+    }
+    let file = lab.dir().join(format!("{deployment}-rollout.txt"));
+    let _ = std::fs::write(&file, &report);
+    eprintln!(
+        "{deployment} did not roll out; what its Pods say ({}):\n{report}",
+        file.display()
+    );
+    cause
 }
 
 #[cfg(test)]

@@ -936,7 +936,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     use futures::StreamExt;
-    use kube::runtime::{Controller, watcher};
+    use kube::runtime::{Controller, WatchStreamExt, watcher};
     let client = ctx.client.clone();
     let api = |c: &kube::Client| -> Api<BootsmanCluster> {
         match &namespace {
@@ -965,7 +965,21 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let mut controller = Controller::new(api(&client), watcher::Config::default())
+    // The BootsmanClusters' watch is built here rather than by `Controller::new` so that
+    // readiness can be read off the stream: the controller's store allows only one task to wait
+    // for its first list (`Store::wait_until_ready` keeps one waker, and the controller itself
+    // waits on it), so a second waiter could sleep forever and keep `/readyz` at 503.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let clusters = watcher(api(&client), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                ready.ready();
+            }
+        })
+        .applied_objects();
+    let mut controller = Controller::for_stream(clusters, reader)
         .owns(capi_clusters, watcher::Config::default())
         .owns(kcps, watcher::Config::default())
         .owns(mds, watcher::Config::default());
@@ -983,17 +997,15 @@ pub async fn run(
                 .collect::<Vec<_>>()
         });
     }
-    // Ready (the process's `/readyz`) once the BootsmanClusters have listed.
-    let listed = controller.store();
-    tokio::spawn(async move {
-        if listed.wait_until_ready().await.is_ok() {
-            ready.ready();
-        }
-    });
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
+        .for_each(|result| async move {
+            // Reconcile errors are logged by `error_policy`; a failing watch is logged here.
+            if let Err(kube::runtime::controller::Error::QueueError(e)) = result {
+                tracing::warn!(error = %e, "a watch failed; retrying with backoff");
+            }
+        })
         .await;
 }
 

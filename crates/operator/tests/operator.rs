@@ -543,3 +543,41 @@ async fn a_move_pauses_the_operator_until_the_cluster_is_unpaused() {
     .await;
     op.stop().await;
 }
+
+/// `/readyz` turns ready on every start once the BootsmanClusters have listed. The controller
+/// itself waits for that first list on its store, which keeps a single waker: a second task
+/// waiting on the same store could sleep forever, leaving a Pod that leads and reconciles at 503.
+/// Twelve starts on a multi-threaded runtime make a lost wake-up all but certain to show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_start_becomes_ready_once_the_clusters_have_listed() {
+    let env = env().await;
+    let ns = env.create_namespace("op-ready").await;
+    let client = env.client().await;
+    let bcs: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
+    bcs.create(&PostParams::default(), &sample(&ns)).await.unwrap();
+    for start in 1..=12 {
+        let metrics = std::sync::Arc::new(bootsman_runtime::metrics::Metrics::new().unwrap());
+        let ctx = std::sync::Arc::new(bootsman_operator::controller::Context::new(
+            client.clone(),
+            OperatorSettings::default(),
+            metrics,
+        ));
+        let (tx, mut ready) = tokio::sync::watch::channel(false);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(bootsman_operator::controller::run(
+            ctx,
+            Some(ns.clone()),
+            bootsman_runtime::lifecycle::Readiness::new(tx),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let became = tokio::time::timeout(Duration::from_secs(20), ready.wait_for(|r| *r)).await;
+        let _ = stop.send(());
+        let _ = task.await;
+        assert!(
+            matches!(became, Ok(Ok(_))),
+            "start {start}: the operator listed its BootsmanClusters but never reported ready"
+        );
+    }
+}
