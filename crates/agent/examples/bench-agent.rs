@@ -9,14 +9,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark program
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bootsman_api::condition::types;
-use common::{Pool, wait_condition};
+use bootsman_fixtures::agent::{Pool, wait_condition};
 
 fn vm_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -571,7 +571,7 @@ async fn serves_livez_and_metrics() {
 }
 
 fn run_agent(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(common::agent_bin())
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_byoh-agent"))
         .args(args)
         .env_remove("BYOH_NAMESPACE")
         .env_remove("BYOH_NAME")

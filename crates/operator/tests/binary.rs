@@ -11,8 +11,6 @@ use bootsman_api::v1alpha1::BootsmanCluster;
 use bootsman_testenv::{TestEnv, free_port, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
-use serde_json::Value;
 
 #[tokio::test]
 async fn the_binary_leads_reconciles_serves_metrics_and_stops_on_sigterm() {
@@ -47,21 +45,8 @@ async fn the_binary_leads_reconciles_serves_metrics_and_stops_on_sigterm() {
     )
     .await;
 
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../config/samples/bootsmancluster.yaml"
-    ))
-    .unwrap();
-    let mut sample: Value = serde_saphyr::from_str(&text).unwrap();
-    sample["metadata"]["namespace"] = ns.clone().into();
+    bootsman_fixtures::clusters::apply_sample(&client, &ns).await;
     let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
-    api.patch(
-        "demo",
-        &PatchParams::apply("test-user").force(),
-        &Patch::Apply(&sample),
-    )
-    .await
-    .unwrap();
     wait_for(
         "the BootsmanCluster has a status",
         Duration::from_secs(60),

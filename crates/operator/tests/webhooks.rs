@@ -14,9 +14,8 @@ use bootsman_operator::controller::{Context, MANAGER, run};
 use bootsman_operator::{OperatorSettings, render};
 use bootsman_runtime::metrics::Metrics;
 use bootsman_testenv::TestEnv;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, ResourceExt};
-use serde_json::Value;
 
 #[tokio::test]
 async fn every_rendered_capi_object_passes_the_capi_webhooks() {
@@ -38,21 +37,8 @@ async fn every_rendered_capi_object_passes_the_capi_webhooks() {
         },
     ));
 
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../config/samples/bootsmancluster.yaml"
-    ))
-    .unwrap();
-    let mut sample: Value = serde_saphyr::from_str(&text).unwrap();
-    sample["metadata"]["namespace"] = ns.clone().into();
+    bootsman_fixtures::clusters::apply_sample(&client, &ns).await;
     let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
-    api.patch(
-        "demo",
-        &PatchParams::apply("test-user").force(),
-        &Patch::Apply(&sample),
-    )
-    .await
-    .unwrap();
     let bc = api.get("demo").await.unwrap();
 
     for obj in render(&bc, &OperatorSettings::default()) {

@@ -43,6 +43,14 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The defaults, watching only `namespace` (clusterctl `--namespace`).
+    pub fn namespaced(namespace: &str) -> Self {
+        Self {
+            namespace: Some(namespace.into()),
+            ..Self::default()
+        }
+    }
+
     /// Namespaces whose hosts a machine in `namespace` may use: its own first, then every shared
     /// pool that allows it.
     pub fn pools_for(&self, namespace: &str) -> Vec<String> {

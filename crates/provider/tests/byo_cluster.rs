@@ -9,7 +9,7 @@ mod common;
 use bootsman_api::capi::Cluster;
 use bootsman_api::v1beta1::{ApiEndpoint, ByoCluster, ByoClusterSpec};
 use bootsman_testenv::wait_for;
-use common::{Site, WAIT};
+use common::{ProviderSite as _, Site, WAIT};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};

@@ -18,7 +18,7 @@ use bootsman_api::v1beta1::{
     ByoMachineTemplateSpec,
 };
 use bootsman_testenv::{TestEnv, wait_for};
-use common::Site;
+use common::{ProviderSite as _, Site};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;

@@ -12,7 +12,7 @@ use bootsman_api::v1beta1::{ByoHost, ByoHostSpec, HostPhase};
 use bootsman_provider::csr_approver::{grant_pool_access, pool_binding_name};
 use bootsman_provider::host_health::ACCESS_MANAGER;
 use bootsman_testenv::{TestEnv, repo_root, wait_for};
-use common::{Host, Site, WAIT, meta};
+use common::{Host, ProviderSite as _, Site, WAIT, meta};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};

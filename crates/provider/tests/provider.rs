@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bootsman_api::v1beta1::{ByoMachine, Quarantine};
 use bootsman_testenv::wait_for;
-use common::{Site, WAIT, condition, role};
+use common::{ProviderSite as _, Site, WAIT, condition, role};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

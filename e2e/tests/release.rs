@@ -5,18 +5,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
 mod common;
-#[path = "../../provider/tests/common/mod.rs"]
-mod site;
 
 use bootsman_api::condition::types;
 use bootsman_api::v1beta1::HostPhase;
+use common::Controllers as _;
 use common::{Pool, eventually, read, wait_condition};
 use kube::api::DeleteParams;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn machine_deleted_host_cleaned_and_claimable_again() {
-    let mut site = site::Site::new("agent-e2e").await;
+    let mut site = common::Site::new("agent-e2e").await;
     let pool = Pool {
         env: site.env,
         ns: site.ns.clone(),
@@ -46,7 +45,7 @@ async fn machine_deleted_host_cleaned_and_claimable_again() {
     pool.label("e2e-host", "role", "a").await;
 
     site.cluster("c1", false).await;
-    site.machine("c1", "ma", Some(site::role("a"))).await;
+    site.machine("c1", "ma", Some(common::role("a"))).await;
     let h = wait_condition(&pool.hosts(), &host, types::BOOTSTRAP_SUCCEEDED, "True").await;
     let mref = h.spec.machine_ref.clone().expect("claimed");
     assert_eq!(mref.name, "ma");
@@ -85,7 +84,7 @@ async fn machine_deleted_host_cleaned_and_claimable_again() {
     .await;
 
     // Claimable again: a new Machine gets the same host and its bootstrap runs afresh.
-    site.machine("c1", "mb", Some(site::role("a"))).await;
+    site.machine("c1", "mb", Some(common::role("a"))).await;
     eventually("mb bootstrapped on the same host", || async {
         let h = pool.hosts().get("e2e-host").await.ok()?;
         let claimed = h.spec.machine_ref.as_ref().is_some_and(|m| m.name == "mb");

@@ -8,8 +8,6 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
-#[path = "../../operator/tests/common/mod.rs"]
-mod operator_common;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -789,10 +787,10 @@ async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_clus
     gone(&Api::<RoleBinding>::namespaced(admin.clone(), &pool), &reader).await;
 
     // The operator renders the sample into CAPI objects without a refusal, and lets it go.
-    operator_common::install_helm_chart_proxy_crd(&env).await;
+    common::install_helm_chart_proxy_crd(&env).await;
     let bcs: Api<BootsmanCluster> = Api::namespaced(admin.clone(), &clusters_ns);
     let sample = bcs
-        .create(&PostParams::default(), &operator_common::sample(&clusters_ns))
+        .create(&PostParams::default(), &common::sample(&clusters_ns))
         .await
         .unwrap();
     let name = sample.name_any();

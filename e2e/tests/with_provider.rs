@@ -6,9 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
-#[path = "../../provider/tests/common/mod.rs"]
-mod site;
-
 mod common;
 
 use std::time::Duration;
@@ -16,9 +13,10 @@ use std::time::Duration;
 use bootsman_api::condition::types;
 use bootsman_api::v1beta1::HostPhase;
 use bootsman_testenv::wait_for;
+use common::Controllers as _;
 use kube::api::DeleteParams;
 
-async fn phase(s: &site::Site, host: &str, want: HostPhase) {
+async fn phase(s: &common::Site, host: &str, want: HostPhase) {
     wait_for(&format!("host {host} to be {want:?}"), common::WAIT, || async {
         let h = s.byohosts().get(host).await.map_err(|e| e.to_string())?;
         let p = h.status.as_ref().and_then(|st| st.phase);
@@ -31,7 +29,7 @@ async fn phase(s: &site::Site, host: &str, want: HostPhase) {
     .await
 }
 
-async fn gone(s: &site::Site, machine: &str) {
+async fn gone(s: &common::Site, machine: &str) {
     wait_for(
         &format!("ByoMachine {machine} to be gone"),
         common::WAIT,
@@ -52,7 +50,7 @@ async fn gone(s: &site::Site, machine: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_serves_a_machine_is_released_clean_goes_offline_and_comes_back() {
-    let mut s = site::Site::new("agent-e2e").await;
+    let mut s = common::Site::new("agent-e2e").await;
     let mut config = s.config();
     config.release_timeout = Duration::from_secs(120);
     s.start_provider(config).await;
@@ -68,7 +66,7 @@ async fn a_host_serves_a_machine_is_released_clean_goes_offline_and_comes_back()
 
     // A Machine claims the host; its bootstrap data (`runcmd: echo m1`) runs on it.
     s.cluster("c1", false).await;
-    s.machine("c1", "m1", Some(site::role("worker"))).await;
+    s.machine("c1", "m1", Some(common::role("worker"))).await;
     phase(&s, "node-p", HostPhase::Provisioned).await;
     let h = s.byohosts().get("node-p").await.unwrap();
     assert_eq!(h.spec.machine_ref.as_ref().map(|m| m.name.as_str()), Some("m1"));
@@ -97,7 +95,7 @@ async fn a_host_serves_a_machine_is_released_clean_goes_offline_and_comes_back()
     phase(&s, "node-p", HostPhase::Available).await;
 
     // The released host is claimable again and serves the next Machine.
-    s.machine("c1", "m2", Some(site::role("worker"))).await;
+    s.machine("c1", "m2", Some(common::role("worker"))).await;
     phase(&s, "node-p", HostPhase::Provisioned).await;
     let h = s.byohosts().get("node-p").await.unwrap();
     assert_eq!(h.spec.machine_ref.as_ref().map(|m| m.name.as_str()), Some("m2"));
@@ -115,9 +113,8 @@ async fn a_renewal_mid_bootstrap_neither_kills_nor_repeats_the_command() {
     use bootsman_api::identity;
     use bootsman_testenv::{Options, TestEnv};
     use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-    use k8s_openapi::api::core::v1::Secret;
     use kube::Api;
-    use kube::api::{ListParams, PostParams};
+    use kube::api::ListParams;
 
     let env: &'static TestEnv = Box::leak(Box::new(
         TestEnv::start(Options {
@@ -129,15 +126,9 @@ async fn a_renewal_mid_bootstrap_neither_kills_nor_repeats_the_command() {
     ));
     env.apply_kustomization(&bootsman_testenv::repo_root().join("config/rbac"))
         .expect("apply config/rbac");
-    let mut s = site::Site::new_in(env, "agent-renew").await;
+    let mut s = common::Site::new_in(env, "agent-renew").await;
     s.start_provider(s.config()).await;
-    let client = env.client().await;
-    tokio::spawn(async move {
-        let metrics = std::sync::Arc::new(bootsman_runtime::metrics::Metrics::new().unwrap());
-        bootsman_provider::csr_approver::run(client, metrics, Default::default(), futures::future::pending())
-            .await
-            .expect("CSR approver");
-    });
+    s.start_approver().await;
 
     // A token pinned to node-r, and the bootstrap kubeconfig an operator would hand the host.
     let token = identity::BootstrapToken {
@@ -148,25 +139,13 @@ async fn a_renewal_mid_bootstrap_neither_kills_nor_repeats_the_command() {
         host: Some("node-r".into()),
         replace: false,
     };
-    Api::<Secret>::namespaced(s.admin.clone(), identity::TOKEN_NAMESPACE)
-        .create(&PostParams::default(), &token.secret())
-        .await
-        .unwrap();
-    let mut kc = kube::config::Kubeconfig::read_from(env.kubeconfig()).unwrap();
-    for user in &mut kc.auth_infos {
-        user.auth_info = Some(kube::config::AuthInfo {
-            token: Some(token.bearer().into()),
-            ..Default::default()
-        });
-    }
+    let bootstrap = bootsman_fixtures::enroll::token_kubeconfig(env, &token).await;
     let pool = common::Pool {
         env,
         ns: s.ns.clone(),
         admin: s.admin.clone(),
     };
     let mut host = pool.host("node-r");
-    let bootstrap = host.state.join("bootstrap-kubeconfig");
-    std::fs::write(&bootstrap, serde_json::to_vec(&kc).unwrap()).unwrap();
     std::fs::remove_file(&host.kubeconfig).unwrap();
     host.bootstrap_kubeconfig = Some(bootstrap);
     host.command_timeout = "5m".into();
@@ -177,7 +156,7 @@ async fn a_renewal_mid_bootstrap_neither_kills_nor_repeats_the_command() {
 
     s.cluster("c1", false).await;
     let data = "#cloud-config\nruncmd:\n  - \"echo x >> run/started.txt; while [ ! -e run/go ]; do sleep 0.2; done; echo x >> run/done.txt\"\n  - echo x >> run/after.txt\n";
-    site::create_machine_with_data(&s.admin, &s.ns, "c1", "m1", None, data).await;
+    common::create_machine_with_data(&s.admin, &s.ns, "c1", "m1", None, data).await;
     let started = host.path("run/started.txt");
     common::eventually("the command starts", || async { started.exists().then_some(()) }).await;
 

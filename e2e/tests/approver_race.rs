@@ -11,7 +11,7 @@ async fn one_token_enrols_one_host_even_with_two_approvers() {
     let env = TestEnv::shared().await;
     common::apply_host_rbac(env);
     let pool = env.create_namespace("race").await;
-    let (token, kubeconfig) = common::bootstrap_kubeconfig(env, &pool, None).await;
+    let (token, kubeconfig) = common::issue_token(env, &pool, None).await;
     let config = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::read_from(&kubeconfig).expect("bootstrap kubeconfig"),
         &Default::default(),
@@ -35,8 +35,8 @@ async fn one_token_enrols_one_host_even_with_two_approvers() {
             .await,
         );
     }
-    common::start_approver(env).await;
-    common::start_approver(env).await;
+    let _first = common::start_approver(env).await;
+    let _second = common::start_approver(env).await;
 
     let mut approved = Vec::new();
     let mut denied = Vec::new();
@@ -63,5 +63,5 @@ async fn one_token_enrols_one_host_even_with_two_approvers() {
         .create(&Default::default(), &winner)
         .await
         .expect("register the winner");
-    common::wait_token_deleted(env, &token.secret_name()).await;
+    bootsman_fixtures::enroll::wait_token_deleted(env, &token.secret_name()).await;
 }

@@ -15,8 +15,6 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
-#[path = "../../provider/tests/common/mod.rs"]
-mod site;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -25,6 +23,7 @@ use bootsman_api::capi::Machine;
 use bootsman_api::v1alpha1::BootsmanCluster;
 use bootsman_api::v1beta1::{ByoHost, ByoMachine};
 use bootsman_testenv::{TestEnv, Workload, free_port, wait_for};
+use common::Controllers as _;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -54,9 +53,9 @@ async fn bootstrap_data(admin: &kube::Client, host: &ByoHost) -> String {
 /// and the three worker Machines `Running` on hosts the provider bound, each with its Node in the
 /// stand-in control plane.
 struct Chain {
-    site: site::Site,
-    op: common::Operator,
-    hosts: BTreeMap<String, site::Host>,
+    site: common::Site,
+    op: common::Running,
+    hosts: BTreeMap<String, common::Host>,
     cluster: String,
     workload: Workload,
     /// Worker Machine → (phase, bound host).
@@ -66,11 +65,11 @@ struct Chain {
 impl Chain {
     async fn build(env: &'static TestEnv, prefix: &str) -> Chain {
         common::install_helm_chart_proxy_crd(env).await;
-        let mut site = site::Site::new_in(env, prefix).await;
+        let mut site = common::Site::new_in(env, prefix).await;
         let ns = site.ns.clone();
         let admin = site.admin.clone();
         site.start_provider(site.config()).await;
-        let op = common::Operator::start(env, &ns).await;
+        let op = common::start_operator(env, &ns).await;
 
         let mut hosts = BTreeMap::new();
         for (name, role) in [
@@ -357,11 +356,11 @@ async fn clusterctl_move_keeps_every_binding() {
         .create(&PostParams::default(), &serde_json::from_value(body).unwrap())
         .await
         .unwrap();
-    let re_homed: BTreeMap<String, site::Host> = chain
+    let re_homed: BTreeMap<String, common::Host> = chain
         .hosts
         .keys()
         .map(|name| {
-            let h = site::Host {
+            let h = common::Host {
                 name: name.clone(),
                 ns: ns.clone(),
                 client: to.clone(),
@@ -373,7 +372,7 @@ async fn clusterctl_move_keeps_every_binding() {
         h.heartbeat(3600).await;
     }
     let (provider_stop, provider) = start_provider(target.client().await, &ns);
-    let target_op = common::Operator::start(&target, &ns).await;
+    let target_op = common::start_operator(&target, &ns).await;
 
     let out = clusterctl_move(env, &target, &ns).await;
     eprintln!("clusterctl move:\n{out}");
