@@ -8,7 +8,9 @@
 //!   applied.
 //! - Deletion: the finalizer [`FINALIZER`] stays until the CAPI Cluster (deleted in the
 //!   foreground, so CAPI tears the machines down and the provider releases the hosts) is gone.
-//! - Status is written only when it changed.
+//! - Status: `observe` gathers what CAPI, the host pools and the add-ons report into
+//!   [`status::Observed`]; [`status::compute`] (pure) makes the conditions, phase and Events;
+//!   the status is written only when it changed.
 //! - Pause: a BootsmanCluster with the `cluster.x-k8s.io/paused` annotation, or whose CAPI Cluster
 //!   has `spec.paused` (as `clusterctl move` sets it), is not reconciled (`Paused=True`). While it
 //!   reconciles, the operator keeps `clusterctl.cluster.x-k8s.io/block-move` on it, and removes it
@@ -24,11 +26,10 @@ use std::time::Duration;
 use bootsman_api::capi::{Cluster, KubeadmControlPlane, Machine, MachineDeployment};
 use bootsman_api::labels;
 use bootsman_api::pools::{self, SharedPool};
-use bootsman_api::v1alpha1::{BootsmanCluster, BootsmanClusterStatus, ClusterPhase, Cni, ReplicaCounts};
-use bootsman_api::v1beta1::{ByoHost, ByoMachine, HostPhase};
+use bootsman_api::v1alpha1::{BootsmanCluster, BootsmanClusterStatus, ClusterPhase, Cni};
+use bootsman_api::v1beta1::{ByoHost, ByoMachine};
 use bootsman_runtime::conditions::{self, Status};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
     PropagationPolicy,
@@ -40,6 +41,7 @@ use serde_json::{Value, json};
 
 use crate::render::{control_plane_name, pool_object_name, render, resource_set_name};
 use crate::settings::OperatorSettings;
+use crate::status::{self, CONTROL_PLANE_ROLE, Observed, set};
 use crate::validate::validate;
 
 /// Field manager of every write the operator makes.
@@ -171,32 +173,11 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
         return Ok(Action::await_change());
     }
 
-    let generation = bc.metadata.generation;
-    let mut status = bc.status.clone().unwrap_or_default();
     let violations = validate(&bc.name_any(), &bc.spec);
     if !violations.is_empty() {
-        let msg = violations
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ");
-        let mut c = status.conditions.clone();
-        let now = conditions::now();
-        for (type_, st, m) in [
-            ("Stalled", Status::True, msg.as_str()),
-            ("Ready", Status::False, msg.as_str()),
-            ("Reconciling", Status::False, ""),
-        ] {
-            set(&mut c, type_, st, "InvalidSpec", m, generation, &now);
-        }
-        let was_stalled = conditions::is_true(&status.conditions, "Stalled");
-        status.conditions = c;
-        status.phase = Some(ClusterPhase::Failed);
-        status.observed_generation = generation;
-        write_status(bc, &api, status).await?;
-        if !was_stalled {
-            event(ctx, bc, EventType::Warning, "InvalidSpec", &msg).await;
-        }
+        let report = status::invalid(bc, &violations, &conditions::now());
+        write_status(bc, &api, report.status).await?;
+        publish(ctx, bc, &report.notes).await;
         return Ok(Action::await_change());
     }
 
@@ -226,23 +207,15 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
         .await;
     }
 
-    let mut status = observe(bc, ctx, status, addons_missing).await?;
-    let now = conditions::now();
-    set(
-        &mut status.conditions,
-        "Paused",
-        Status::False,
-        "NotPaused",
-        "",
-        generation,
-        &now,
-    );
-    let requeue = if conditions::is_true(&status.conditions, "Ready") {
+    let observed = observe(bc, ctx, addons_missing).await?;
+    let report = status::compute(bc, &observed, &conditions::now());
+    let requeue = if conditions::is_true(&report.status.conditions, "Ready") {
         RESYNC
     } else {
         SOON
     };
-    write_status(bc, &api, status).await?;
+    publish(ctx, bc, &report.notes).await;
+    write_status(bc, &api, report.status).await?;
     Ok(Action::requeue(requeue))
 }
 
@@ -395,73 +368,6 @@ async fn apply_if_changed(client: &kube::Client, obj: Value) -> Result<Option<St
     Ok(Some(format!("{kind}/{name}")))
 }
 
-/// The message of `Ready` and `Reconciling`: every condition that does not hold yet, with its
-/// own message, so `kubectl get -o wide` and GitOps tools show what the cluster waits for without a
-/// `describe`. Empty once everything holds.
-fn waiting_message(table: &[(&str, bool, &str, &str, String)]) -> String {
-    let waits: Vec<String> = table
-        .iter()
-        .filter(|(_, holds, ..)| !holds)
-        .map(|(type_, _, _, _, msg)| {
-            if msg.is_empty() {
-                type_.to_string()
-            } else {
-                format!("{type_}: {msg}")
-            }
-        })
-        .collect();
-    if waits.is_empty() {
-        String::new()
-    } else {
-        format!("waiting for {}", waits.join(" | "))
-    }
-}
-
-/// `ControlPlaneReady`'s message: the ready count and, while not all are ready, what the
-/// KubeadmControlPlane itself says it waits for (a blocked scale-up, or why it is not available).
-fn control_plane_message(cp: &ReplicaCounts, kcp: &[Condition]) -> String {
-    let counts = format!("{}/{} control-plane machines ready", cp.ready, cp.desired);
-    if cp.ready >= cp.desired {
-        return counts;
-    }
-    let waiting = kcp
-        .iter()
-        .find(|c| c.type_ == "ScalingUp" && c.status == "True" && !c.message.is_empty())
-        .or_else(|| {
-            kcp.iter()
-                .find(|c| c.type_ == "Available" && c.status == "False" && !c.message.is_empty())
-        });
-    match waiting {
-        Some(c) => {
-            // CAPI's messages are lines with `* ` bullets; one line reads `a: b; c`.
-            let mut text = String::new();
-            for line in c
-                .message
-                .lines()
-                .map(|l| l.trim().trim_start_matches("* ").trim())
-            {
-                if line.is_empty() {
-                    continue;
-                }
-                if !text.is_empty() {
-                    text.push_str(if text.ends_with(':') { " " } else { "; " });
-                }
-                text.push_str(line);
-            }
-            if text.len() > 400 {
-                let cut = (0..=400).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-                text.truncate(cut);
-                text.push('…');
-            }
-            format!("{counts}; KubeadmControlPlane {}: {text}", c.type_)
-        }
-        None => counts,
-    }
-}
-
-/// Key of [`serving_hosts`] for the control plane (worker pools are keyed by MachineDeployment).
-const CONTROL_PLANE_ROLE: &str = "control-plane";
-
 /// How many hosts already serve cluster `name`: for each role (the control plane, or a worker
 /// pool's MachineDeployment name), the Machines whose ByoMachine has a host bound. A Machine that
 /// exists but still waits for a host needs one as much as a Machine not yet created.
@@ -513,315 +419,105 @@ pub fn contains(observed: &Value, desired: &Value) -> bool {
     }
 }
 
-/// Reads what CAPI reports and the host pool and fills in counts and conditions.
-async fn observe(
-    bc: &BootsmanCluster,
-    ctx: &Context,
-    mut status: BootsmanClusterStatus,
-    addons_missing: bool,
-) -> Result<BootsmanClusterStatus, Error> {
+/// Reads what CAPI reports, the host pools and the add-ons' objects for `bc`: the observation
+/// [`status::compute`] turns into the status. `chart_api_missing`: applying a HelmChartProxy found
+/// no such API.
+async fn observe(bc: &BootsmanCluster, ctx: &Context, chart_api_missing: bool) -> Result<Observed, Error> {
     let ns = bc.namespace().unwrap_or_default();
     let name = bc.name_any();
-    let gen_ = bc.metadata.generation;
-    let now = conditions::now();
-
-    let kcp = Api::<KubeadmControlPlane>::namespaced(ctx.client.clone(), &ns)
+    let control_plane = Api::<KubeadmControlPlane>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&control_plane_name(&name))
         .await
-        .map_err(kube_err("reading KubeadmControlPlane"))?;
-    let kcp_status = kcp.and_then(|k| k.status).unwrap_or_default();
-    let cp = ReplicaCounts {
-        desired: bc.spec.control_plane.replicas,
-        ready: kcp_status.ready_replicas.unwrap_or(0),
-    };
-
-    // Hosts already serving this cluster, per role: Machines whose ByoMachine has a host bound.
+        .map_err(kube_err("reading KubeadmControlPlane"))?
+        .map(|k| k.status.unwrap_or_default());
     let serving = serving_hosts(ctx, &ns, &name).await?;
 
     let mds = Api::<MachineDeployment>::namespaced(ctx.client.clone(), &ns);
-    let mut workers = ReplicaCounts::default();
-    let mut pool_missing = Vec::new();
-    let mut free: Vec<ByoHost> = Vec::new();
+    let mut machine_deployments = BTreeMap::new();
+    for pool in &bc.spec.workers {
+        let md_name = pool_object_name(&name, &pool.name);
+        if let Some(md) = mds
+            .get_opt(&md_name)
+            .await
+            .map_err(kube_err("reading MachineDeployment"))?
+        {
+            machine_deployments.insert(md_name, md.status.unwrap_or_default());
+        }
+    }
+    let mut hosts = Vec::new();
     for pool_ns in pools::pools_for(&ctx.shared_pools, &ns) {
-        let hosts = Api::<ByoHost>::namespaced(ctx.client.clone(), &pool_ns)
+        let list = Api::<ByoHost>::namespaced(ctx.client.clone(), &pool_ns)
             .list(&ListParams::default())
             .await
             .map_err(kube_err(format!("listing ByoHosts in {pool_ns}")))?;
-        free.extend(hosts.items.into_iter().filter(|h| {
-            h.status.as_ref().and_then(|s| s.phase) == Some(HostPhase::Available)
-                && h.spec.machine_ref.is_none()
-                && h.spec.maintenance != Some(true)
-                && h.spec.quarantine.is_none()
-                && h.metadata.deletion_timestamp.is_none()
-        }));
+        hosts.extend(list.items);
     }
-    let count = |sel: Option<&LabelSelector>| free.iter().filter(|h| matches(sel, h.labels())).count() as i32;
-
-    let cp_bound = serving.get(CONTROL_PLANE_ROLE).copied().unwrap_or(0);
-    let cp_needed = (cp.desired - cp_bound).max(0);
-    let cp_free = count(bc.spec.control_plane.host_selector.as_ref());
-    if cp_needed > cp_free {
-        pool_missing.push(format!(
-            "control-plane: {} more host(s) needed",
-            cp_needed - cp_free
-        ));
-    }
-    for pool in &bc.spec.workers {
-        let md_name = pool_object_name(&name, &pool.name);
-        let md = mds
-            .get_opt(&md_name)
-            .await
-            .map_err(kube_err("reading MachineDeployment"))?;
-        let s = md.and_then(|m| m.status).unwrap_or_default();
-        workers.desired += pool.replicas;
-        workers.ready += s.ready_replicas.unwrap_or(0);
-        let bound = serving.get(md_name.as_str()).copied().unwrap_or(0);
-        let needed = (pool.replicas - bound).max(0);
-        let avail = count(pool.host_selector.as_ref());
-        if needed > avail {
-            pool_missing.push(format!(
-                "workers/{}: {} more host(s) needed",
-                pool.name,
-                needed - avail
-            ));
-        }
-    }
-
-    let kubeconfig = format!("{name}-kubeconfig");
-    let has_kubeconfig = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
-        .get_metadata_opt(&kubeconfig)
+    let kubeconfig = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .get_metadata_opt(&format!("{name}-kubeconfig"))
         .await
         .map_err(kube_err("reading kubeconfig Secret"))?
         .is_some();
 
-    let (addons_ready, addons_reason, addons_msg) = addons_status(bc, ctx, &ns, addons_missing).await?;
-    let cp_ready = cp.ready >= cp.desired;
-    let w_ready = workers.ready >= workers.desired;
-    let ready = cp_ready && w_ready && addons_ready;
-    let hosts_ok = pool_missing.is_empty();
-
-    let c = &mut status.conditions;
-    let was_hosts_ok = conditions::get(c, "HostsAvailable").map(|x| x.status == "True");
-    set(c, "Stalled", Status::False, "Valid", "", gen_, &now);
-    let hosts_msg = if hosts_ok {
-        "enough free hosts for every role".to_string()
-    } else {
-        pool_missing.join("; ")
-    };
-    // (type, holds, reason when it holds, reason when not, message)
-    let table = [
-        (
-            "ControlPlaneReady",
-            cp_ready,
-            "Ready",
-            "WaitingForMachines",
-            control_plane_message(&cp, &kcp_status.conditions),
-        ),
-        (
-            "WorkersReady",
-            w_ready,
-            "Ready",
-            "WaitingForMachines",
-            format!("{}/{} worker machines ready", workers.ready, workers.desired),
-        ),
-        ("HostsAvailable", hosts_ok, "Enough", "NotEnoughHosts", hosts_msg),
-        (
-            "AddonsReady",
-            addons_ready,
-            addons_reason,
-            addons_reason,
-            addons_msg,
-        ),
-    ];
-    let waiting = if ready {
-        String::new()
-    } else {
-        waiting_message(&table)
-    };
-    let table = table.into_iter().chain([
-        ("Ready", ready, "Ready", "NotReady", waiting.clone()),
-        ("Reconciling", !ready, "Provisioning", "Done", waiting),
-    ]);
-    for (type_, holds, yes, no, msg) in table {
-        let reason = if holds { yes } else { no };
-        set(c, type_, Status::from_bool(holds), reason, &msg, gen_, &now);
-    }
-    if was_hosts_ok != Some(hosts_ok) && !hosts_ok {
-        event(
-            ctx,
-            bc,
-            EventType::Warning,
-            "NotEnoughHosts",
-            &pool_missing.join("; "),
-        )
-        .await;
-    }
-
-    let old_phase = status.phase;
-    status.phase = Some(if ready {
-        ClusterPhase::Ready
-    } else if kcp_status.replicas.unwrap_or(0) == 0 && workers.ready == 0 {
-        ClusterPhase::Pending
-    } else if status
-        .control_plane
-        .as_ref()
-        .is_some_and(|o| o.desired != cp.desired)
-        || status
-            .workers
-            .as_ref()
-            .is_some_and(|o| o.desired != workers.desired)
-    {
-        ClusterPhase::Scaling
-    } else {
-        ClusterPhase::Provisioning
-    });
-    if old_phase != status.phase
-        && let Some(p) = status.phase
-    {
-        event(
-            ctx,
-            bc,
-            EventType::Normal,
-            "PhaseChanged",
-            &format!("phase is now {p:?}"),
-        )
-        .await;
-    }
-    status.observed_generation = gen_;
-    status.control_plane = Some(cp);
-    status.workers = Some(workers);
-    status.kubeconfig_secret = has_kubeconfig.then_some(kubeconfig);
-    Ok(status)
-}
-
-/// Whether every addon of this cluster is installed, by the path it takes: the
-/// ClusterResourceSet of a plain-manifest addon (kube-router) reports `ResourcesApplied`, each
-/// HelmChartProxy (Cilium, Longhorn, ingress-nginx, MetalLB) reports `Ready`. Returns the
-/// condition's status, reason and a message naming each addon, its path and where it stands.
-async fn addons_status(
-    bc: &BootsmanCluster,
-    ctx: &Context,
-    ns: &str,
-    hcp_api_missing: bool,
-) -> Result<(bool, &'static str, String), Error> {
-    let name = bc.name_any();
-    let mut parts = Vec::new();
-    let mut all = true;
+    let mut cni_resources_applied = false;
     if bc.spec.network.cni == Cni::KubeRouter {
-        let crs_name = resource_set_name(&name, "cni");
         let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
             "addons.cluster.x-k8s.io",
             "v1beta2",
             "ClusterResourceSet",
         ));
-        let crs = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar)
-            .get_opt(&crs_name)
+        let crs = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar)
+            .get_opt(&resource_set_name(&name, "cni"))
             .await
             .map_err(kube_err("reading ClusterResourceSet"))?;
-        let applied = crs.as_ref().is_some_and(|c| {
+        cni_resources_applied = crs.as_ref().is_some_and(|c| {
             c.data["status"]["conditions"].as_array().is_some_and(|cs| {
                 cs.iter()
                     .any(|c| c["type"] == "ResourcesApplied" && c["status"] == "True")
             })
         });
-        all &= applied;
-        parts.push(format!(
-            "cni kube-router: ClusterResourceSet {crs_name}, {}",
-            if applied { "applied" } else { "not applied yet" }
-        ));
     }
-    let charts = chart_addons(bc);
-    if !charts.is_empty() {
-        if hcp_api_missing {
-            all = false;
-            parts.push(format!(
-                "{}: HelmChartProxy, the HelmChartProxy API (CAAPH) is not installed",
-                charts.join(", ")
-            ));
+    let mut ready_chart_proxies = std::collections::BTreeSet::new();
+    if !chart_api_missing && !status::chart_addons(bc).is_empty() {
+        let api = Api::<bootsman_api::capi::HelmChartProxy>::namespaced(ctx.client.clone(), &ns);
+        let lp = ListParams::default().labels(&format!("{}={name}", labels::BOOTSMAN_CLUSTER));
+        let proxies = match api.list(&lp).await {
+            Ok(l) => l.items,
+            Err(e) if is_not_found(&e) => Vec::new(),
+            Err(e) => return Err(kube_err("listing HelmChartProxies")(e)),
+        };
+        ready_chart_proxies.extend(
+            proxies
+                .iter()
+                .filter(|p| {
+                    p.status
+                        .as_ref()
+                        .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
+                })
+                .map(ResourceExt::name_any),
+        );
+    }
+    Ok(Observed {
+        control_plane,
+        machine_deployments,
+        serving,
+        hosts,
+        kubeconfig,
+        cni_resources_applied,
+        chart_proxy_api_missing: chart_api_missing,
+        ready_chart_proxies,
+    })
+}
+
+/// Publishes the Events of a status change.
+async fn publish(ctx: &Context, bc: &BootsmanCluster, notes: &[status::Note]) {
+    for n in notes {
+        let type_ = if n.warning {
+            EventType::Warning
         } else {
-            let api = Api::<bootsman_api::capi::HelmChartProxy>::namespaced(ctx.client.clone(), ns);
-            let lp =
-                ListParams::default().labels(&format!("{}={name}", bootsman_api::labels::BOOTSMAN_CLUSTER));
-            let proxies = match api.list(&lp).await {
-                Ok(l) => l.items,
-                Err(e) if is_not_found(&e) => Vec::new(),
-                Err(e) => return Err(kube_err("listing HelmChartProxies")(e)),
-            };
-            for addon in &charts {
-                let ready = proxies.iter().any(|p| {
-                    p.name_any() == format!("{name}-{addon}")
-                        && p.status
-                            .as_ref()
-                            .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
-                });
-                all &= ready;
-                parts.push(format!(
-                    "{addon}: HelmChartProxy, {}",
-                    if ready { "ready" } else { "installing" }
-                ));
-            }
-        }
+            EventType::Normal
+        };
+        event(ctx, bc, type_, n.reason, &n.message).await;
     }
-    let reason = if all {
-        "Ready"
-    } else if hcp_api_missing && !charts.is_empty() {
-        "HelmChartProxyUnavailable"
-    } else {
-        "Installing"
-    };
-    Ok((all, reason, parts.join("; ")))
-}
-
-/// The addons of this cluster installed as Helm charts (HelmChartProxy `<cluster>-<addon>`).
-fn chart_addons(bc: &BootsmanCluster) -> Vec<&'static str> {
-    let spec = &bc.spec;
-    let mut out = Vec::new();
-    if spec.network.cni == Cni::Cilium {
-        out.push("cilium");
-    }
-    if spec.storage.longhorn.enabled {
-        out.push("longhorn");
-    }
-    if spec.ingress.nginx.enabled {
-        out.push("ingress-nginx");
-    }
-    if spec.load_balancer.metallb.enabled {
-        out.extend(["metallb", "metallb-config"]);
-    }
-    out
-}
-
-/// Whether `labels` satisfy `selector` (no selector, or an empty one, selects everything).
-pub fn matches(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
-    let Some(sel) = selector else { return true };
-    let ml = sel
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let me = sel.match_expressions.iter().flatten().all(|e| {
-        let vals = e.values.clone().unwrap_or_default();
-        match e.operator.as_str() {
-            "In" => labels.get(&e.key).is_some_and(|v| vals.contains(v)),
-            "NotIn" => labels.get(&e.key).is_none_or(|v| !vals.contains(v)),
-            "Exists" => labels.contains_key(&e.key),
-            "DoesNotExist" => !labels.contains_key(&e.key),
-            _ => false,
-        }
-    });
-    ml && me
-}
-
-fn set(
-    c: &mut Vec<Condition>,
-    type_: &str,
-    status: Status,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
-) {
-    conditions::set(c, type_, status, reason, message, generation, now.clone());
 }
 
 /// Writes `status` unless it equals what is stored (conditions compared without timestamps,
@@ -1086,69 +782,5 @@ mod tests {
             running(true)
         );
         assert_eq!(pause_state(&marked, Some(&capi_cluster(None))), running(true));
-    }
-
-    fn cond(type_: &str, status: &str, message: &str) -> Condition {
-        Condition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: "R".into(),
-            message: message.into(),
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ),
-            observed_generation: None,
-        }
-    }
-
-    #[test]
-    fn ready_names_every_condition_that_does_not_hold() {
-        let row = |t, holds, msg: &str| (t, holds, "Ready", "NotReady", msg.to_string());
-        let table = [
-            row("ControlPlaneReady", false, "1/3 control-plane machines ready"),
-            row("WorkersReady", true, "3/3 worker machines ready"),
-            row("HostsAvailable", false, "control-plane: 2 more host(s) needed"),
-            row("AddonsReady", false, ""),
-        ];
-        assert_eq!(
-            waiting_message(&table),
-            "waiting for ControlPlaneReady: 1/3 control-plane machines ready | \
-             HostsAvailable: control-plane: 2 more host(s) needed | AddonsReady"
-        );
-        let done = [
-            row("ControlPlaneReady", true, "3/3"),
-            row("AddonsReady", true, ""),
-        ];
-        assert_eq!(waiting_message(&done), "");
-    }
-
-    #[test]
-    fn control_plane_message_says_what_the_control_plane_waits_for() {
-        let cp = ReplicaCounts { desired: 3, ready: 0 };
-        let blocked = cond(
-            "ScalingUp",
-            "True",
-            "Scaling up from 1 to 3 replicas is blocked because:\n* Machine m1 does not have a corresponding Node yet",
-        );
-        assert_eq!(
-            control_plane_message(&cp, &[cond("Available", "False", "not yet"), blocked]),
-            "0/3 control-plane machines ready; KubeadmControlPlane ScalingUp: Scaling up from 1 to 3 \
-             replicas is blocked because: Machine m1 does not have a corresponding Node yet"
-        );
-        assert_eq!(
-            control_plane_message(&cp, &[cond("Available", "False", "no etcd quorum")]),
-            "0/3 control-plane machines ready; KubeadmControlPlane Available: no etcd quorum"
-        );
-        assert_eq!(
-            control_plane_message(&cp, &[]),
-            "0/3 control-plane machines ready"
-        );
-        let done = ReplicaCounts { desired: 3, ready: 3 };
-        assert_eq!(
-            control_plane_message(&done, &[cond("Available", "False", "x")]),
-            "3/3 control-plane machines ready"
-        );
-        let long = cond("Available", "False", &"é".repeat(300));
-        assert!(control_plane_message(&cp, &[long]).ends_with('…'));
     }
 }

@@ -5,6 +5,7 @@
 pub mod controller;
 pub mod render;
 pub mod settings;
+pub mod status;
 pub mod validate;
 
 pub use render::render;

@@ -673,7 +673,7 @@ pub enum ClusterPhase {
     Provisioning,
     /// Every machine is ready.
     Ready,
-    /// Replica counts are changing.
+    /// Replica counts changed; lasts until every machine is ready again.
     Scaling,
     /// A Kubernetes version change is rolling out.
     Upgrading,
