@@ -494,7 +494,7 @@ async fn start_provider(client: &Client, secret_namespaces: Vec<String>) -> Comp
                 metrics.clone(),
                 shutdown.clone(),
             ),
-            bootsman_provider::csr_approver::run(client, metrics, Default::default(), shutdown),
+            bootsman_provider::enrollment::run(client, metrics, Default::default(), shutdown),
         );
         controllers.unwrap();
         approver.unwrap();
@@ -678,7 +678,7 @@ async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_clus
 
     // A host of pool `pool`: the rights the approver grants at enrollment (bootsman:host in the
     // pool only, bound with the provider's own rights), then a renewal the approver decides.
-    bootsman_provider::csr_approver::grant_pool_access(&provider_sa, &pool, "h1")
+    bootsman_provider::enrollment::pool_access::grant_pool_access(&provider_sa, &pool, "h1")
         .await
         .expect("the provider binds bootsman:host in a pool");
     let enrolled = env.client_for("byoh:host:h1", &["byoh:hosts"]).await;

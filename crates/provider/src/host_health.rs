@@ -8,7 +8,7 @@
 //! condition only; the agent owns the rest of the status). Also keeps the pool-size gauges.
 //!
 //! It also hands each host's pool access to its ByoHost: the RoleBinding `byoh:host:<host>` the
-//! CSR approver wrote at enrollment (see [`crate::csr_approver::grant_pool_access`]) gets the
+//! CSR approver wrote at enrollment (see [`pool_access::grant_pool_access`]) gets the
 //! ByoHost as owner (`blockOwnerDeletion: false`), so the garbage collector deletes the binding
 //! with the ByoHost and a deleted host's certificate no longer carries rights in the pool. Only a
 //! binding of that host's user alone, owned by no ByoHost yet, is adopted: a binding never moves
@@ -32,7 +32,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::context::Context;
-use crate::csr_approver;
+use crate::enrollment::pool_access;
 use crate::error::{Result, kube as kerr};
 use crate::pool;
 
@@ -81,20 +81,20 @@ async fn adopt_pool_binding(host: &ByoHost, ctx: &Context, adopted: &AdoptedBind
         return Ok(());
     }
     let name = host.name_any();
-    let binding_name = csr_approver::pool_binding_name(&name);
+    let binding_name = pool_access::pool_binding_name(&name);
     let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns);
     let what = || format!("hand RoleBinding {ns}/{binding_name} to ByoHost {name}");
     let Some(binding) = bindings.get_opt(&binding_name).await.map_err(kerr(what()))? else {
         return Ok(());
     };
-    if !csr_approver::is_pool_binding(&binding, &name) {
+    if !pool_access::is_pool_binding(&binding, &name) {
         tracing::debug!(namespace = %ns, host = %name, "the host's RoleBinding is not the approver's; not adopted");
         return Ok(());
     }
     let owners: Vec<_> = binding
         .owner_references()
         .iter()
-        .filter(|o| csr_approver::is_host_owner(o))
+        .filter(|o| pool_access::is_host_owner(o))
         .collect();
     if !owners.is_empty() && !owners.iter().any(|o| o.uid == uid) {
         // Another ByoHost of this name owns it: one deleted, whose binding the garbage collector

@@ -19,7 +19,7 @@ pub mod byo_cluster;
 pub mod byo_machine;
 pub mod config;
 pub mod context;
-pub mod csr_approver;
+pub mod enrollment;
 pub mod error;
 pub mod host_health;
 pub mod metrics;

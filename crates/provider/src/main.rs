@@ -55,7 +55,7 @@ async fn run_leading(
     client: kube::Client,
     config: Config,
     metrics: Arc<Metrics>,
-    approver: Option<bootsman_provider::csr_approver::Options>,
+    approver: Option<bootsman_provider::enrollment::Options>,
     ready: lifecycle::Readiness,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
@@ -63,13 +63,8 @@ async fn run_leading(
     let approver = async {
         match approver {
             Some(options) => {
-                bootsman_provider::csr_approver::run(
-                    client.clone(),
-                    metrics.clone(),
-                    options,
-                    shutdown.clone(),
-                )
-                .await
+                bootsman_provider::enrollment::run(client.clone(), metrics.clone(), options, shutdown.clone())
+                    .await
             }
             None => Ok(()),
         }
@@ -114,7 +109,7 @@ async fn main() -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new()?);
     let approver = args
         .approve_host_csrs
-        .then_some(bootsman_provider::csr_approver::Options {
+        .then_some(bootsman_provider::enrollment::Options {
             max_certificate_lifetime: args.max_host_certificate_lifetime,
         });
     let process = args.process.process("bootsman-provider");

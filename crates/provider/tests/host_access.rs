@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use bootsman_api::v1beta1::{ByoHost, ByoHostSpec, HostPhase};
-use bootsman_provider::csr_approver::{grant_pool_access, pool_binding_name};
+use bootsman_provider::enrollment::pool_access::{grant_pool_access, pool_binding_name};
 use bootsman_provider::host_health::ACCESS_MANAGER;
 use bootsman_testenv::{TestEnv, repo_root, wait_for};
 use common::{Host, ProviderSite as _, Site, WAIT, meta};
@@ -423,7 +423,7 @@ async fn a_binding_owned_by_an_earlier_byohost_never_changes_owner() {
 /// removes it once it is older than the grace period, and leaves a registered host's alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binding_of_a_host_that_never_registered_is_swept() {
-    use bootsman_provider::csr_approver::{ORPHAN_BINDING_GRACE, sweep_orphan_bindings};
+    use bootsman_provider::enrollment::pool_access::{ORPHAN_BINDING_GRACE, sweep_orphan_bindings};
     let (site, identity) = enrolled("host-sweep", "h5").await;
     let ns = site.ns.clone();
     grant_pool_access(&site.admin, &ns, "h5-never").await.unwrap();

@@ -48,7 +48,7 @@ impl Controllers for Site {
 
     async fn start_approver(&mut self) {
         self.spawn(|client, stop| async move {
-            bootsman_provider::csr_approver::run(client, metrics(), Default::default(), stop)
+            bootsman_provider::enrollment::run(client, metrics(), Default::default(), stop)
                 .await
                 .expect("CSR approver");
         })
@@ -59,7 +59,7 @@ impl Controllers for Site {
 /// The provider's CSR approver on its own, in `env`, until the test ends.
 pub async fn start_approver(env: &TestEnv) -> Running {
     Running::start(env, |client, stop| async move {
-        bootsman_provider::csr_approver::run(client, metrics(), Default::default(), stop)
+        bootsman_provider::enrollment::run(client, metrics(), Default::default(), stop)
             .await
             .expect("CSR approver");
     })

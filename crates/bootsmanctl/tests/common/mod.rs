@@ -19,7 +19,7 @@ pub async fn start_approver(env: &TestEnv) {
     let metrics = Arc::new(bootsman_runtime::metrics::Metrics::new().expect("metrics"));
     let client = env.client().await;
     tokio::spawn(async move {
-        if let Err(e) = bootsman_provider::csr_approver::run(
+        if let Err(e) = bootsman_provider::enrollment::run(
             client,
             metrics,
             Default::default(),
