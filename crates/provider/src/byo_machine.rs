@@ -52,7 +52,7 @@ pub const STATUS_MANAGER: &str = "bootsman-provider/status";
 pub async fn reconcile(bm: Arc<ByoMachine>, ctx: Arc<Context>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
     // The stores have listed before the controllers start (see `crate::run`).
-    if ctx.is_stale(&bm) {
+    if ctx.claims.is_stale(&bm) {
         return Ok(Action::await_change());
     }
     let ns = bm
@@ -186,14 +186,14 @@ async fn apply(
     let (host, claimed) = match claim::ensure(&mut current, ctx, &machine).await? {
         claim::Claim::Held { host, new } => (*host, new),
         claim::Claim::Waiting { reason, message } => {
-            ctx.set_waiting(me, true);
+            ctx.claims.set_waiting(me, true);
             wait(&mut status, reason, message);
             write_status(&api, &bm, status, ctx).await?;
             // Woken by host and Lease events; the requeue is only a safety net.
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
     };
-    ctx.set_waiting(me, false);
+    ctx.claims.set_waiting(me, false);
     let host_ns = host.namespace().unwrap_or_default();
     status.host_ref = Some(HostRef {
         namespace: host_ns.clone(),
@@ -223,7 +223,7 @@ async fn apply(
                 "add the finalizer of ByoMachine {ns}/{}",
                 bm.name_any()
             )))?;
-        ctx.note_written(&current);
+        ctx.claims.note_written(&current);
     }
 
     let handed_over = bootstrap::ensure(&bm, ctx, &host, &machine, &cluster, &data_secret).await;
@@ -261,7 +261,7 @@ async fn apply(
                 "set providerID of ByoMachine {ns}/{}",
                 bm.name_any()
             )))?;
-        ctx.note_written(&current);
+        ctx.claims.note_written(&current);
     }
 
     status.addresses = addresses(&host);
@@ -425,6 +425,6 @@ pub async fn write_status(
     let written = ssa::apply_status(api, STATUS_MANAGER, &bm.name_any(), &body)
         .await
         .map_err(kerr(format!("write status of ByoMachine {}", bm.name_any())))?;
-    ctx.note_written(&written);
+    ctx.claims.note_written(&written);
     Ok(())
 }

@@ -1,8 +1,7 @@
 //! What every reconcile of the provider shares: the client, the reflector stores that form the
-//! in-memory pool index, the machines waiting for a host, Events, metrics and settings.
+//! in-memory pool index, the claim bookkeeping, Events, metrics and settings.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bootsman_api::capi::{Cluster, Machine};
 use bootsman_api::labels;
@@ -16,18 +15,10 @@ use kube::runtime::events::{Event, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use crate::byo_machine::claim::Book;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::pool;
-
-/// How long a host whose claim started in this process is skipped by the other reconciles of
-/// this process: long enough for the pool index to see the claim.
-pub const CLAIM_MEMORY: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// An object's `resourceVersion` as a number (what etcd-backed API servers use).
-fn revision<K: kube::Resource>(obj: &K) -> Option<u64> {
-    obj.meta().resource_version.as_deref()?.parse().ok()
-}
 
 /// The reflector stores the controllers read instead of the API server.
 pub struct Stores {
@@ -41,54 +32,6 @@ pub struct Stores {
     pub machines: Store<Machine>,
     /// CAPI Clusters.
     pub clusters: Store<Cluster>,
-}
-
-/// The machines waiting for a host, in the order they started waiting.
-#[derive(Default, Debug)]
-pub struct Waiting {
-    next: u64,
-    by_machine: HashMap<ObjectRef<ByoMachine>, u64>,
-    by_order: BTreeMap<u64, ObjectRef<ByoMachine>>,
-}
-
-impl Waiting {
-    /// Adds a machine (keeping its place when it already waits).
-    pub fn insert(&mut self, machine: ObjectRef<ByoMachine>) {
-        if self.by_machine.contains_key(&machine) {
-            return;
-        }
-        self.next += 1;
-        self.by_order.insert(self.next, machine.clone());
-        self.by_machine.insert(machine, self.next);
-    }
-
-    /// Removes a machine.
-    pub fn remove(&mut self, machine: &ObjectRef<ByoMachine>) {
-        if let Some(seq) = self.by_machine.remove(machine) {
-            self.by_order.remove(&seq);
-        }
-    }
-
-    /// Removes and returns the longest-waiting machine for which `fits` holds.
-    pub fn take_first(
-        &mut self,
-        mut fits: impl FnMut(&ObjectRef<ByoMachine>) -> bool,
-    ) -> Option<ObjectRef<ByoMachine>> {
-        let seq = self.by_order.iter().find(|(_, m)| fits(m)).map(|(seq, _)| *seq)?;
-        let m = self.by_order.remove(&seq)?;
-        self.by_machine.remove(&m);
-        Some(m)
-    }
-
-    /// How many machines wait.
-    pub fn len(&self) -> usize {
-        self.by_machine.len()
-    }
-
-    /// Whether no machine waits.
-    pub fn is_empty(&self) -> bool {
-        self.by_machine.is_empty()
-    }
 }
 
 /// Shared state of the controllers.
@@ -107,15 +50,9 @@ pub struct Context {
     pub machines: Store<Machine>,
     /// Every CAPI Cluster the provider watches.
     pub clusters: Store<Cluster>,
-    /// ByoMachines waiting for a free host, oldest first (by the order they started waiting);
-    /// one is woken for each host that becomes claimable.
-    pub waiting: Mutex<Waiting>,
-    /// The newest `resourceVersion` of each ByoMachine (by uid) as returned by this provider's
-    /// own writes, until the store has caught up with it.
-    pub written: Mutex<HashMap<String, u64>>,
-    /// Hosts this provider is claiming or has just claimed, with when: concurrent reconciles in
-    /// this process pick other hosts instead of losing a race to each other.
-    pub claiming: Mutex<HashMap<ObjectRef<ByoHost>, std::time::Instant>>,
+    /// What this process remembers about its claims: the machines waiting for a host, its own
+    /// writes of ByoMachines, the hosts it is claiming.
+    pub claims: Book,
     /// Publishes Events.
     pub recorder: Recorder,
     /// Metrics.
@@ -189,9 +126,7 @@ impl Context {
             byomachines: stores.byomachines,
             machines: stores.machines,
             clusters: stores.clusters,
-            waiting: Mutex::new(Waiting::default()),
-            written: Mutex::new(HashMap::new()),
-            claiming: Mutex::new(HashMap::new()),
+            claims: Book::default(),
             recorder,
             metrics,
             cluster_secrets,
@@ -271,79 +206,6 @@ impl Context {
         kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(5))
     }
 
-    /// Marks a machine as waiting for a host (or not).
-    pub fn set_waiting(&self, machine: ObjectRef<ByoMachine>, waiting: bool) {
-        if let Ok(mut w) = self.waiting.lock() {
-            if waiting {
-                w.insert(machine);
-            } else {
-                w.remove(&machine);
-            }
-        }
-    }
-
-    /// Remembers the version of a ByoMachine that one of our writes returned.
-    pub fn note_written(&self, bm: &ByoMachine) {
-        let (Some(uid), Some(rv)) = (bm.uid(), revision(bm)) else {
-            return;
-        };
-        if let Ok(mut w) = self.written.lock() {
-            let e = w.entry(uid).or_insert(rv);
-            *e = (*e).max(rv);
-        }
-    }
-
-    /// Whether `bm` is older than a version this provider wrote itself. Its watch event is on
-    /// the way and will reconcile the machine again; acting on the old copy would only repeat
-    /// writes. Versions that are not numbers are never called stale.
-    pub fn is_stale(&self, bm: &ByoMachine) -> bool {
-        let (Some(uid), Some(rv)) = (bm.uid(), revision(bm)) else {
-            return false;
-        };
-        let Ok(mut w) = self.written.lock() else {
-            return false;
-        };
-        match w.get(&uid) {
-            Some(&newest) if rv < newest => true,
-            Some(_) => {
-                w.remove(&uid);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Marks `host` as being claimed by this process. `false` when a claim of it started here
-    /// less than [`CLAIM_MEMORY`] ago.
-    pub fn start_claim(&self, host: &ByoHost) -> bool {
-        let Ok(mut c) = self.claiming.lock() else {
-            return true;
-        };
-        let now = std::time::Instant::now();
-        c.retain(|_, t| now.duration_since(*t) < CLAIM_MEMORY);
-        let key = ObjectRef::from_obj(host);
-        if c.contains_key(&key) {
-            return false;
-        }
-        c.insert(key, now);
-        true
-    }
-
-    /// Whether a claim of `host` started in this process less than [`CLAIM_MEMORY`] ago.
-    pub fn is_being_claimed(&self, host: &ByoHost) -> bool {
-        self.claiming.lock().is_ok_and(|c| {
-            c.get(&ObjectRef::from_obj(host))
-                .is_some_and(|t| t.elapsed() < CLAIM_MEMORY)
-        })
-    }
-
-    /// Forgets a claim that failed for a reason other than a lost race.
-    pub fn forget_claim(&self, host: &ByoHost) {
-        if let Ok(mut c) = self.claiming.lock() {
-            c.remove(&ObjectRef::from_obj(host));
-        }
-    }
-
     /// The owner Machine of a ByoMachine, from the Machine store.
     pub fn owner_machine(&self, bm: &ByoMachine) -> Option<Arc<Machine>> {
         let ns = bm.namespace()?;
@@ -357,40 +219,5 @@ impl Context {
     /// A Cluster by namespace and name, from the Cluster store.
     pub fn cluster(&self, namespace: &str, name: &str) -> Option<Arc<Cluster>> {
         self.clusters.get(&ObjectRef::new(name).within(namespace))
-    }
-
-    /// Takes the longest-waiting machine that may use `host` (its pools, selector and failure
-    /// domain), so a host that becomes claimable wakes one machine that can take it, not all.
-    pub fn take_waiting_for(&self, host: &ByoHost) -> Option<ObjectRef<ByoMachine>> {
-        let mut w = self.waiting.lock().ok()?;
-        if w.is_empty() {
-            return None;
-        }
-        let hns = host.namespace()?;
-        w.take_first(|r| {
-            let ns = r.namespace.clone().unwrap_or_default();
-            let pools = self.config.pools_for(&ns);
-            if !pools.contains(&hns) {
-                return false;
-            }
-            // A machine we cannot look at is woken anyway; its reconcile decides.
-            let Some(bm) = self.byomachines.get(r) else {
-                return true;
-            };
-            let fd = self
-                .owner_machine(&bm)
-                .and_then(|m| m.spec.failure_domain.clone());
-            let uid = bm.uid().unwrap_or_default();
-            let wanted = pool::Wanted {
-                machine_uid: &uid,
-                pools: &pools,
-                selector: bm.spec.selector.as_ref(),
-                failure_domain: fd.as_deref(),
-            };
-            !matches!(
-                pool::choose(&[host], &wanted, |_| true),
-                pool::Choice::NoMatchingHost
-            )
-        })
     }
 }

@@ -222,9 +222,13 @@ pub fn error_policy(host: Arc<ByoHost>, err: &crate::error::Error, ctx: Arc<Cont
     ctx.requeue_after_error(CONTROLLER, host.as_ref(), err)
 }
 
-/// Recomputes `bootsman_provider_pool_hosts{pool,phase}` from the pool index.
+/// Recomputes `bootsman_provider_pool_hosts{pool,phase}` from the pool index, and
+/// `bootsman_provider_machines_waiting` from the claim bookkeeping.
 pub fn update_pool_gauges(ctx: &Context) {
     let now = Timestamp::now();
+    ctx.metrics
+        .machines_waiting
+        .set(i64::try_from(ctx.claims.waiting()).unwrap_or(i64::MAX));
     ctx.metrics.pool_hosts.reset();
     for h in ctx.hosts.state() {
         let fresh = pool::lease_fresh(ctx.lease_of(&h).as_deref(), now);

@@ -225,7 +225,7 @@ pub async fn run_reporting(
                 .ok()
                 .and_then(|mut m| m.insert(ObjectRef::from_obj(host.as_ref()), now));
             if now && before != Some(true) {
-                refs.extend(c.take_waiting_for(&host));
+                refs.extend(byo_machine::claim::wake_for(&c, &host));
             }
             refs
         })

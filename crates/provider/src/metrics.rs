@@ -13,6 +13,8 @@ use prometheus::{Histogram, HistogramOpts, IntGaugeVec, Opts};
 pub struct Metrics {
     /// `bootsman_provider_pool_hosts{pool,phase}`.
     pub pool_hosts: IntGaugeVec,
+    /// `bootsman_provider_machines_waiting`: ByoMachines this replica saw find no free host.
+    pub machines_waiting: prometheus::IntGauge,
     /// `bootsman_provider_claim_conflicts_total`: claims that lost an optimistic-concurrency race.
     pub claim_conflicts: prometheus::IntCounter,
     /// `bootsman_provider_claims_total`.
@@ -36,6 +38,10 @@ impl Metrics {
             pool_hosts: IntGaugeVec::new(
                 Opts::new("provider_pool_hosts", "Hosts by pool namespace and phase"),
                 &["pool", "phase"],
+            )?,
+            machines_waiting: prometheus::IntGauge::new(
+                "provider_machines_waiting",
+                "ByoMachines waiting for a free host that matches their pools and selector",
             )?,
             claim_conflicts: prometheus::IntCounter::new(
                 "provider_claim_conflicts_total",
@@ -62,6 +68,7 @@ impl Metrics {
             runtime,
         };
         registry.register(Box::new(m.pool_hosts.clone()))?;
+        registry.register(Box::new(m.machines_waiting.clone()))?;
         registry.register(Box::new(m.claim_conflicts.clone()))?;
         registry.register(Box::new(m.claims.clone()))?;
         registry.register(Box::new(m.time_to_claim.clone()))?;

@@ -23,6 +23,14 @@
 //! the moved machine still holds its host and claims no second one, and the host's
 //! `machineRef.uid`, which keys the agent's journal, never changes. A machine recreated under the
 //! same name by hand is a new machine: it has no such annotation (or its own uid in it).
+//!
+//! What a process remembers between reconciles (machines waiting for a host, its own writes, the
+//! hosts it is claiming) is kept in a [`Book`]; the decisions of the protocol ([`binds`],
+//! [`judge`]) are pure functions of the objects.
+
+mod book;
+
+pub use book::{Book, CLAIM_MEMORY};
 
 use bootsman_api::capi::Machine;
 use bootsman_api::labels;
@@ -30,6 +38,7 @@ use bootsman_api::v1beta1::{ByoHost, ByoMachine};
 use bootsman_runtime::api_errors;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -126,7 +135,7 @@ pub async fn ensure(bm: &mut ByoMachine, ctx: &Context, machine: &Machine) -> Re
         let Some(host) = candidates
             .iter()
             .copied()
-            .find(|h| !tried.contains(&key(h)) && !ctx.is_being_claimed(h))
+            .find(|h| !tried.contains(&key(h)) && !ctx.claims.is_being_claimed(h))
             .or_else(|| candidates.iter().copied().find(|h| !tried.contains(&key(h))))
         else {
             // Every candidate lost a race already; the index is catching up.
@@ -135,10 +144,10 @@ pub async fn ensure(bm: &mut ByoMachine, ctx: &Context, machine: &Machine) -> Re
             continue;
         };
         tried.push(key(host));
-        ctx.start_claim(host);
+        ctx.claims.start_claim(host);
         let claimed = attempt(bm, ctx, host, &machine.spec.cluster_name).await;
         if claimed.is_err() {
-            ctx.forget_claim(host);
+            ctx.claims.forget_claim(host);
         }
         match claimed? {
             Some(claimed) => return Ok(counted(bm, ctx, claimed)),
@@ -179,7 +188,39 @@ pub async fn announce(bm: &ByoMachine, ctx: &Context, host: &ByoHost) {
     ctx.event(bm, false, "HostClaimed", "Claim", note).await;
 }
 
+/// Takes the longest-waiting machine that may use `host` (its pools, selector and failure
+/// domain), so a host that becomes claimable wakes one machine that can take it, not all. A
+/// waiting machine missing from the store is woken anyway: its reconcile decides.
+pub fn wake_for(ctx: &Context, host: &ByoHost) -> Option<ObjectRef<ByoMachine>> {
+    let hns = host.namespace()?;
+    ctx.claims.take_waiting(|r| {
+        let pools = ctx.config.pools_for(r.namespace.as_deref().unwrap_or_default());
+        let Some(bm) = ctx.byomachines.get(r) else {
+            return pools.contains(&hns);
+        };
+        let failure_domain = ctx.owner_machine(&bm).and_then(|m| m.spec.failure_domain.clone());
+        may_take(&bm, &pools, failure_domain.as_deref(), host)
+    })
+}
+
+/// Whether `bm`, drawing from `pools` for a Machine in `failure_domain`, could claim `host` were
+/// it free and healthy.
+fn may_take(bm: &ByoMachine, pools: &[String], failure_domain: Option<&str>, host: &ByoHost) -> bool {
+    if !host.namespace().is_some_and(|ns| pools.contains(&ns)) {
+        return false;
+    }
+    let uid = bm.uid().unwrap_or_default();
+    let wanted = Wanted {
+        machine_uid: &uid,
+        pools,
+        selector: bm.spec.selector.as_ref(),
+        failure_domain,
+    };
+    !matches!(pool::choose(&[host], &wanted, |_| true), Choice::NoMatchingHost)
+}
+
 /// What the pool and the intent say about a machine's host.
+#[derive(Debug)]
 enum Lookup {
     /// The host is bound to the machine.
     Held(ByoHost),
@@ -218,25 +259,37 @@ pub fn binds(bm: &ByoMachine, host: &ByoHost) -> bool {
         && bm.annotations().get(BINDING_ANNOTATION) == Some(&r.uid)
 }
 
-async fn lookup(bm: &ByoMachine, ctx: &Context) -> Result<Lookup> {
-    let ours = |h: &ByoHost| binds(bm, h);
-    if let Some(h) = ctx.hosts.find(|h| ours(h)) {
-        return Ok(Lookup::Held(h.as_ref().clone()));
-    }
-    let Some((ns, name)) = bm
-        .annotations()
+/// The host the machine's intent names, as `(namespace, name)`.
+fn intended(bm: &ByoMachine) -> Option<(&str, &str)> {
+    bm.annotations()
         .get(HOST_ANNOTATION)
         .and_then(|v| v.split_once('/'))
-    else {
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+}
+
+/// What a host read fresh from the API server (`None`: it is gone) means for the machine that
+/// intends or tried to claim it: bound to the machine, still free (a claim of it may go on), or
+/// lost, which is the only case where the intent is abandoned (see the module docs).
+fn judge(bm: &ByoMachine, host: Option<ByoHost>) -> Lookup {
+    match host {
+        Some(h) if binds(bm, &h) => Lookup::Held(h),
+        Some(h) if free(&h) => Lookup::Intended(h),
+        _ => Lookup::Nothing,
+    }
+}
+
+async fn lookup(bm: &ByoMachine, ctx: &Context) -> Result<Lookup> {
+    if let Some(h) = ctx.hosts.find(|h| binds(bm, h)) {
+        return Ok(Lookup::Held(h.as_ref().clone()));
+    }
+    let Some((ns, name)) = intended(bm) else {
         return Ok(Lookup::Nothing);
     };
-    match Api::<ByoHost>::namespaced(ctx.client.clone(), ns).get(name).await {
-        Ok(h) if ours(&h) => Ok(Lookup::Held(h)),
-        Ok(h) if free(&h) => Ok(Lookup::Intended(h)),
-        Ok(_) => Ok(Lookup::Nothing),
-        Err(e) if is_not_found(&e) => Ok(Lookup::Nothing),
-        Err(e) => Err(kerr(format!("get ByoHost {ns}/{name}"))(e)),
-    }
+    let fresh = Api::<ByoHost>::namespaced(ctx.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(kerr(format!("get ByoHost {ns}/{name}")))?;
+    Ok(judge(bm, fresh))
 }
 
 /// Claims `host` for the machine: renews the intent, then writes the claim. While the host stays
@@ -254,23 +307,20 @@ async fn attempt(
     let mut host = host.clone();
     for _ in 0..ATTEMPTS_PER_HOST {
         *bm = write_intent(bm, ctx, &host).await?;
-        ctx.note_written(bm);
+        ctx.claims.note_written(bm);
         match claim_host(bm, &api, &host, cluster).await {
             Ok(h) => return Ok(Some(h)),
             Err(kube::Error::Api(s)) if api_errors::conflict(&s) || api_errors::invalid(&s) => {
                 // Lost a race, unless the winner was this machine (another replica acting for it).
-                let current = match api.get(&name).await {
-                    Ok(h) => h,
-                    Err(e) if is_not_found(&e) => return Ok(None),
-                    Err(e) => return Err(kerr(format!("get ByoHost {hns}/{name}"))(e)),
-                };
-                if binds(bm, &current) {
-                    return Ok(Some(current));
+                let current = api
+                    .get_opt(&name)
+                    .await
+                    .map_err(kerr(format!("get ByoHost {hns}/{name}")))?;
+                match judge(bm, current) {
+                    Lookup::Held(h) => return Ok(Some(h)),
+                    Lookup::Intended(h) => host = h,
+                    Lookup::Nothing => return Ok(None),
                 }
-                if !free(&current) {
-                    return Ok(None);
-                }
-                host = current;
             }
             Err(e) if is_not_found(&e) => return Ok(None),
             Err(e) => return Err(kerr(format!("claim ByoHost {hns}/{name}"))(e)),
@@ -335,4 +385,140 @@ async fn claim_host(
     });
     api.patch(&host.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bootsman_api::v1beta1::{ByoHostSpec, ByoMachineSpec, MachineRef, Quarantine, ReleaseRequest};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+
+    fn machine(uid: &str, annotations: &[(&str, &str)]) -> ByoMachine {
+        let mut bm = ByoMachine::new("m1", ByoMachineSpec::default());
+        bm.metadata.namespace = Some("team".into());
+        bm.metadata.uid = Some(uid.into());
+        bm.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        bm
+    }
+
+    fn host(ns: &str, name: &str) -> ByoHost {
+        let mut h = ByoHost::new(name, ByoHostSpec::default());
+        h.metadata.namespace = Some(ns.into());
+        h
+    }
+
+    fn bound(mut h: ByoHost, ns: &str, name: &str, uid: &str) -> ByoHost {
+        h.spec.machine_ref = Some(MachineRef {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.into(),
+        });
+        h
+    }
+
+    #[test]
+    fn a_host_is_bound_by_uid_or_by_name_and_binding_id_after_a_move() {
+        let h = bound(host("pool", "h1"), "team", "m1", "u1");
+        assert!(binds(&machine("u1", &[]), &h));
+        assert!(
+            !binds(&machine("u1", &[]), &host("pool", "h1")),
+            "a free host binds nothing"
+        );
+
+        // `clusterctl move` recreated the machine under a new uid; its binding id moved with it.
+        let moved = machine("u2", &[(BINDING_ANNOTATION, "u1")]);
+        assert!(binds(&moved, &h));
+        // A machine recreated by hand under the same name is a new machine.
+        assert!(!binds(&machine("u2", &[]), &h));
+        assert!(!binds(&machine("u2", &[(BINDING_ANNOTATION, "u2")]), &h));
+        // The binding id counts only with the same namespace and name.
+        assert!(!binds(&moved, &bound(host("pool", "h1"), "other", "m1", "u1")));
+        assert!(!binds(&moved, &bound(host("pool", "h1"), "team", "m2", "u1")));
+    }
+
+    #[test]
+    fn the_intent_names_one_host() {
+        assert_eq!(
+            intended(&machine("u1", &[(HOST_ANNOTATION, "pool/h1")])),
+            Some(("pool", "h1"))
+        );
+        assert_eq!(intended(&machine("u1", &[])), None);
+        for broken in ["h1", "/h1", "pool/", ""] {
+            assert_eq!(
+                intended(&machine("u1", &[(HOST_ANNOTATION, broken)])),
+                None,
+                "{broken:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_intent_is_kept_while_its_host_is_free_and_abandoned_once_it_is_lost() {
+        let bm = machine("u1", &[(HOST_ANNOTATION, "pool/h1")]);
+        // Bound to this machine: held (our claim, or another replica's for this machine, won).
+        assert!(matches!(
+            judge(&bm, Some(bound(host("pool", "h1"), "team", "m1", "u1"))),
+            Lookup::Held(_)
+        ));
+        // Free: the claim may be in flight; finish it, never choose another host.
+        assert!(matches!(
+            judge(&bm, Some(host("pool", "h1"))),
+            Lookup::Intended(_)
+        ));
+
+        // Lost: claimed by another machine, gone, or out of the pool.
+        let lost = |h: Option<ByoHost>| matches!(judge(&bm, h), Lookup::Nothing);
+        assert!(lost(Some(bound(host("pool", "h1"), "team", "m2", "u9"))));
+        assert!(lost(None));
+        let mut releasing = host("pool", "h1");
+        releasing.spec.release = Some(ReleaseRequest {
+            machine_uid: "u9".into(),
+            requested_at: Time(Timestamp::from_second(1).unwrap()),
+        });
+        assert!(lost(Some(releasing)));
+        let mut quarantined = host("pool", "h1");
+        quarantined.spec.quarantine = Some(Quarantine {
+            reason: "reset failed".into(),
+            since: Time(Timestamp::from_second(1).unwrap()),
+        });
+        assert!(lost(Some(quarantined)));
+        let mut maintenance = host("pool", "h1");
+        maintenance.spec.maintenance = Some(true);
+        assert!(lost(Some(maintenance)));
+        let mut deleting = host("pool", "h1");
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(1).unwrap()));
+        assert!(lost(Some(deleting)));
+    }
+
+    #[test]
+    fn a_claimable_host_wakes_only_a_machine_that_could_take_it() {
+        let pools = vec!["pool".to_string()];
+        let h = {
+            let mut h = host("pool", "h1");
+            h.metadata.labels = Some([("role".to_string(), "worker".to_string())].into());
+            h
+        };
+        let mut bm = machine("u1", &[]);
+        assert!(may_take(&bm, &pools, None, &h));
+        assert!(
+            !may_take(&bm, &["elsewhere".to_string()], None, &h),
+            "another pool"
+        );
+
+        bm.spec.selector = Some(LabelSelector {
+            match_labels: Some([("role".to_string(), "control-plane".to_string())].into()),
+            ..Default::default()
+        });
+        assert!(!may_take(&bm, &pools, None, &h), "the selector does not match");
+        bm.spec.selector = Some(LabelSelector {
+            match_labels: Some([("role".to_string(), "worker".to_string())].into()),
+            ..Default::default()
+        });
+        assert!(may_take(&bm, &pools, None, &h));
+    }
 }

@@ -26,7 +26,7 @@ use crate::pool;
 
 /// Finalizer cleanup of a ByoMachine. `Ok` removes the finalizer; [`Error::Waiting`] keeps it.
 pub async fn cleanup(bm: Arc<ByoMachine>, ctx: &Context) -> Result<Action> {
-    ctx.set_waiting(ObjectRef::from_obj(bm.as_ref()), false);
+    ctx.claims.set_waiting(ObjectRef::from_obj(bm.as_ref()), false);
     let Some(host) = claim::held(&bm, ctx).await? else {
         return Ok(Action::await_change());
     };
@@ -103,6 +103,7 @@ pub(super) async fn request(ctx: &Context, host: &ByoHost) -> Result<()> {
 }
 
 /// Where a requested release stands.
+#[derive(Debug, PartialEq)]
 pub(super) enum Finished {
     /// The host reported clean: it is back in the pool.
     Clean,
@@ -112,9 +113,40 @@ pub(super) enum Finished {
     Pending(Duration),
 }
 
-/// Completes a requested release once the host reported `CleanupSucceeded` (back to the pool),
-/// or quarantines it when its agent is offline or the release timeout passed. `whose` names
-/// what the host was released from, for the quarantine reason.
+/// The quarantine decision, a pure function of the host, its release request, the time, the
+/// release timeout and whether its agent is alive: clean once the agent reported
+/// `CleanupSucceeded` for the host's current spec (a report from an earlier claim never counts);
+/// otherwise quarantined when the agent is offline or the timeout has passed; otherwise pending,
+/// looked at again before the timeout (between 0.5 and 10 seconds). `whose` names what the host
+/// was released from, for the quarantine reason.
+pub(super) fn decide(
+    host: &ByoHost,
+    release: &ReleaseRequest,
+    now: Timestamp,
+    timeout: Duration,
+    agent_alive: bool,
+    whose: &str,
+) -> Finished {
+    if pool::reported_for_current_spec(host, types::CLEANUP_SUCCEEDED) {
+        return Finished::Clean;
+    }
+    let elapsed = now.duration_since(release.requested_at.0).as_secs_f64();
+    if !agent_alive {
+        return Finished::Quarantined(format!("the agent went offline while releasing {whose}"));
+    }
+    if elapsed >= timeout.as_secs_f64() {
+        return Finished::Quarantined(format!(
+            "the host did not report CleanupSucceeded within {}s of the release of {whose}",
+            timeout.as_secs(),
+        ));
+    }
+    let left = timeout.as_secs_f64() - elapsed;
+    Finished::Pending(Duration::from_secs_f64(left.clamp(0.5, 10.0)))
+}
+
+/// Completes a requested release as [`decide`] says: a clean host goes back to the pool, one
+/// that is not clean in time (or whose agent is offline) goes back quarantined. Either way its
+/// bootstrap Secret, Role and RoleBinding go first.
 pub(super) async fn finish(
     ctx: &Context,
     host: &ByoHost,
@@ -122,30 +154,27 @@ pub(super) async fn finish(
     whose: &str,
 ) -> Result<Finished> {
     let api: Api<ByoHost> = Api::namespaced(ctx.client.clone(), &host.namespace().unwrap_or_default());
-    if pool::reported_for_current_spec(host, types::CLEANUP_SUCCEEDED) {
-        bootstrap::remove(ctx, host).await?;
-        return_to_pool(&api, host, None).await?;
-        return Ok(Finished::Clean);
+    let finished = decide(
+        host,
+        release,
+        Timestamp::now(),
+        ctx.config.release_timeout,
+        ctx.is_fresh(host),
+        whose,
+    );
+    match &finished {
+        Finished::Clean => {
+            bootstrap::remove(ctx, host).await?;
+            return_to_pool(&api, host, None).await?;
+        }
+        Finished::Quarantined(reason) => {
+            bootstrap::remove(ctx, host).await?;
+            return_to_pool(&api, host, Some(reason)).await?;
+            ctx.metrics.quarantined.inc();
+        }
+        Finished::Pending(_) => {}
     }
-    let elapsed = Timestamp::now().duration_since(release.requested_at.0);
-    let timeout = ctx.config.release_timeout;
-    let offline = !ctx.is_fresh(host);
-    if offline || elapsed.as_secs_f64() >= timeout.as_secs_f64() {
-        let reason = if offline {
-            format!("the agent went offline while releasing {whose}")
-        } else {
-            format!(
-                "the host did not report CleanupSucceeded within {}s of the release of {whose}",
-                timeout.as_secs(),
-            )
-        };
-        bootstrap::remove(ctx, host).await?;
-        return_to_pool(&api, host, Some(&reason)).await?;
-        ctx.metrics.quarantined.inc();
-        return Ok(Finished::Quarantined(reason));
-    }
-    let left = timeout.as_secs_f64() - elapsed.as_secs_f64();
-    Ok(Finished::Pending(Duration::from_secs_f64(left.clamp(0.5, 10.0))))
+    Ok(finished)
 }
 
 /// Clears the claim, the bootstrap Secret reference and the release request (guarded by the
@@ -174,4 +203,118 @@ async fn mark_block_move(bm: &ByoMachine, ctx: &Context, why: &str) -> Result<()
             bm.name_any()
         )))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bootsman_api::v1beta1::{ByoHostSpec, ByoHostStatus};
+    use bootsman_runtime::conditions;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    const TIMEOUT: Duration = Duration::from_secs(600);
+    const WHOSE: &str = "ByoMachine team/m";
+
+    fn at(second: i64) -> Timestamp {
+        Timestamp::from_second(second).unwrap()
+    }
+
+    /// A host of generation 4 asked to release at second 1000, with the agent's cleanup report
+    /// (when given) for the spec of that generation.
+    fn releasing(cleanup_for_generation: Option<i64>) -> (ByoHost, ReleaseRequest) {
+        let mut h = ByoHost::new("h1", ByoHostSpec::default());
+        h.metadata.namespace = Some("pool".into());
+        h.metadata.generation = Some(4);
+        let release = ReleaseRequest {
+            machine_uid: "u1".into(),
+            requested_at: Time(at(1000)),
+        };
+        h.spec.release = Some(release.clone());
+        if let Some(generation) = cleanup_for_generation {
+            let mut status = ByoHostStatus::default();
+            conditions::set(
+                &mut status.conditions,
+                types::CLEANUP_SUCCEEDED,
+                conditions::Status::True,
+                "Reset",
+                "",
+                Some(generation),
+                conditions::now(),
+            );
+            h.status = Some(status);
+        }
+        (h, release)
+    }
+
+    #[test]
+    fn a_host_that_reported_clean_for_its_current_spec_returns_to_the_pool() {
+        let (h, r) = releasing(Some(4));
+        assert_eq!(decide(&h, &r, at(1001), TIMEOUT, true, WHOSE), Finished::Clean);
+        // Clean is clean, even when the agent went away after reporting, or the report was late.
+        assert_eq!(decide(&h, &r, at(1001), TIMEOUT, false, WHOSE), Finished::Clean);
+        assert_eq!(decide(&h, &r, at(5000), TIMEOUT, true, WHOSE), Finished::Clean);
+    }
+
+    #[test]
+    fn a_cleanup_report_of_an_earlier_claim_does_not_count() {
+        let (h, r) = releasing(Some(3));
+        assert_eq!(
+            decide(&h, &r, at(1001), TIMEOUT, true, WHOSE),
+            Finished::Pending(Duration::from_secs(10))
+        );
+        let Finished::Quarantined(why) = decide(&h, &r, at(1600), TIMEOUT, true, WHOSE) else {
+            panic!("an old report must not release the host");
+        };
+        assert!(why.contains("within 600s"), "{why}");
+    }
+
+    #[test]
+    fn an_offline_agent_is_quarantined_at_once_naming_what_was_released() {
+        let (h, r) = releasing(None);
+        assert_eq!(
+            decide(&h, &r, at(1001), TIMEOUT, false, WHOSE),
+            Finished::Quarantined("the agent went offline while releasing ByoMachine team/m".into())
+        );
+    }
+
+    #[test]
+    fn a_host_not_clean_within_the_timeout_is_quarantined() {
+        let (h, r) = releasing(None);
+        assert_eq!(
+            decide(&h, &r, at(1600), TIMEOUT, true, WHOSE),
+            Finished::Quarantined(
+                "the host did not report CleanupSucceeded within 600s of the release of ByoMachine team/m"
+                    .into()
+            )
+        );
+        assert!(matches!(
+            decide(&h, &r, at(1599), TIMEOUT, true, WHOSE),
+            Finished::Pending(_)
+        ));
+    }
+
+    #[test]
+    fn a_pending_release_is_looked_at_again_before_its_timeout() {
+        let (h, r) = releasing(None);
+        // Far from the timeout: every 10 s at most.
+        assert_eq!(
+            decide(&h, &r, at(1000), TIMEOUT, true, WHOSE),
+            Finished::Pending(Duration::from_secs(10))
+        );
+        // Close to it: when it passes.
+        assert_eq!(
+            decide(&h, &r, at(1597), TIMEOUT, true, WHOSE),
+            Finished::Pending(Duration::from_secs(3))
+        );
+        // Never a busy loop.
+        assert_eq!(
+            decide(&h, &r, at(1599), TIMEOUT, true, WHOSE),
+            Finished::Pending(Duration::from_secs(1))
+        );
+        // A request from the future (clock skew) waits, not quarantines.
+        assert!(matches!(
+            decide(&h, &r, at(900), TIMEOUT, true, WHOSE),
+            Finished::Pending(_)
+        ));
+    }
 }
