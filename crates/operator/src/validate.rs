@@ -4,6 +4,8 @@
 
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 use bootsman_api::v1alpha1::{BootsmanClusterSpec, DEFAULT_IMAGE_GC_PERCENT, EVICTION_SIGNALS, MetalLbMode};
 
 /// One broken rule: the field and a message naming the rule.
@@ -127,7 +129,7 @@ pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
         ));
     }
     if let Some(s) = svc
-        && s.prefix < if s.addr.is_ipv4() { 12 } else { 108 }
+        && s.prefix_len() < if s.addr().is_ipv4() { 12 } else { 108 }
     {
         out.push(v(
             "spec.network.serviceCIDR",
@@ -136,7 +138,7 @@ pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
         ));
     }
     if let (Some(p), Some(s)) = (pod, svc)
-        && p.addr.is_ipv4() != s.addr.is_ipv4()
+        && p.addr().is_ipv4() != s.addr().is_ipv4()
     {
         out.push(v(
             "spec.network",
@@ -145,7 +147,7 @@ pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
         ));
     }
     if let (Some(p), Some(s)) = (pod, svc)
-        && p.overlaps(&s)
+        && overlaps(&p, &s)
     {
         out.push(v(
             "spec.network",
@@ -260,7 +262,7 @@ pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
         for a in &pool.addresses {
             let overlaps = match (parse_cidr(a), parse_range(a)) {
                 (Some(c), _) => {
-                    [pod, svc].iter().flatten().any(|n| n.overlaps(&c))
+                    [pod, svc].iter().flatten().any(|n| overlaps(n, &c))
                         || endpoint.is_some_and(|ip| c.contains(&ip))
                 }
                 (None, Some((first, last))) => {
@@ -274,9 +276,11 @@ pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
                             ),
                         ));
                     }
-                    [first, last]
+                    [pod, svc]
                         .iter()
-                        .any(|e| [pod, svc].iter().flatten().any(|n| n.contains(e)) || Some(*e) == endpoint)
+                        .flatten()
+                        .any(|n| range_overlaps(n, first, last))
+                        || endpoint.is_some_and(|ip| in_range(ip, first, last))
                 }
                 (None, None) => {
                     out.push(v(
@@ -357,40 +361,24 @@ fn is_image_repository(s: &str) -> bool {
         && parts.all(|c| component(c, b"._-"))
 }
 
-/// A parsed CIDR block.
-#[derive(Clone, Copy, Debug)]
-struct Cidr {
-    addr: IpAddr,
-    prefix: u8,
+/// A CIDR block such as `10.244.0.0/16` (host bits may be set, as Kubernetes allows).
+fn parse_cidr(s: &str) -> Option<IpNet> {
+    s.parse().ok()
 }
 
-impl Cidr {
-    /// Whether the two blocks share an address (one holds the other).
-    fn overlaps(&self, other: &Cidr) -> bool {
-        self.contains(&other.addr) || other.contains(&self.addr)
-    }
-
-    fn contains(&self, ip: &IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
-                u32::from(n) & mask == u32::from(*a) & mask
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
-                u128::from(n) & mask == u128::from(*a) & mask
-            }
-            _ => false,
-        }
-    }
+/// Whether two CIDR blocks share an address (one holds the other).
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
 }
 
-fn parse_cidr(s: &str) -> Option<Cidr> {
-    let (a, p) = s.split_once('/')?;
-    let addr: IpAddr = a.parse().ok()?;
-    let prefix: u8 = p.parse().ok()?;
-    let max = if addr.is_ipv4() { 32 } else { 128 };
-    (prefix <= max).then_some(Cidr { addr, prefix })
+/// Whether `ip` lies in the range `first-last` (of one family).
+fn in_range(ip: IpAddr, first: IpAddr, last: IpAddr) -> bool {
+    ip.is_ipv4() == first.is_ipv4() && first <= ip && ip <= last
+}
+
+/// Whether the range `first-last` shares an address with the block `n`.
+fn range_overlaps(n: &IpNet, first: IpAddr, last: IpAddr) -> bool {
+    n.network().is_ipv4() == first.is_ipv4() && first <= n.broadcast() && n.network() <= last
 }
 
 /// A kubelet eviction threshold: `N%` with N from 0 to 100, or a positive Kubernetes quantity.
@@ -513,6 +501,51 @@ mod tests {
         let mut s = sample();
         s.load_balancer.metallb.enabled = true;
         assert_eq!(rules(&s), ["metallb-bgp-config"]);
+    }
+
+    #[test]
+    fn network_blocks_and_service_address_pools_stay_apart() {
+        let mut s = sample();
+        s.network.service_cidr = "172.0.0.0/11".into();
+        assert_eq!(rules(&s), ["service-cidr-size"]);
+        let mut s = sample();
+        s.network.pod_cidr = "fd00:10::/56".into();
+        assert_eq!(rules(&s), ["network-cidrs-same-family"]);
+        // Host bits may be set, as kube-apiserver accepts.
+        let mut s = sample();
+        s.network.pod_cidr = "10.244.3.7/16".into();
+        assert!(rules(&s).is_empty());
+
+        let with_pool = |addresses: &str| {
+            let mut s = sample();
+            s.load_balancer.metallb = serde_json::from_value(serde_json::json!({
+                "enabled": true,
+                "bgpPeers": [{"peerAddress": "10.0.0.1", "peerASN": 64512, "myASN": 64513}],
+                "addressPools": [{"name": "lb", "addresses": [addresses]}],
+            }))
+            .unwrap();
+            rules(&s)
+        };
+        assert!(with_pool("10.0.10.0/24").is_empty());
+        assert!(with_pool("10.0.10.5-10.0.10.9").is_empty());
+        assert_eq!(with_pool("10.244.0.0/24"), ["address-pool-overlap"]);
+        assert_eq!(
+            with_pool("10.0.0.0/8"),
+            ["address-pool-overlap"],
+            "holds the pod network"
+        );
+        assert_eq!(
+            with_pool("10.0.0.5-10.0.0.20"),
+            ["address-pool-overlap"],
+            "holds the endpoint"
+        );
+        // A range whose ends lie outside a network but which spans it.
+        assert_eq!(with_pool("10.243.0.1-10.245.0.1"), ["address-pool-overlap"]);
+        assert!(
+            with_pool("fd00::1-fd00::9").is_empty(),
+            "another family overlaps nothing"
+        );
+        assert_eq!(with_pool("10.0.10.9-10.0.10.5"), ["address-pool-range-order"]);
     }
 
     #[test]
