@@ -6,8 +6,9 @@
 //!   (SSA changes only that field), and a field someone else changed is set back.
 //! - A spec that breaks a rule gets `Ready=False`, `Stalled=True` naming the rule; nothing is
 //!   applied.
-//! - Deletion: the finalizer [`FINALIZER`] stays until the CAPI Cluster (deleted in the
-//!   foreground, so CAPI tears the machines down and the provider releases the hosts) is gone.
+//! - Deletion: the finalizer [`FINALIZER`] (kept with kube's `finalizer()` helper) stays until the
+//!   CAPI Cluster (deleted in the foreground, so CAPI tears the machines down and the provider
+//!   releases the hosts) is gone.
 //! - Status: `observe` gathers what CAPI, the host pools and the add-ons report into
 //!   [`status::Observed`]; [`status::compute`] (pure) makes the conditions, phase and Events;
 //!   the status is written only when it changed.
@@ -36,6 +37,7 @@ use kube::api::{
 };
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
@@ -111,13 +113,45 @@ pub enum Error {
         /// The API error.
         source: kube::Error,
     },
+    /// Not a failure: a step waits for something (the CAPI Cluster to go) and is looked at again
+    /// after `after`. Returned from the finalizer's cleanup, it keeps the finalizer.
+    #[error("waiting for {why}")]
+    Waiting {
+        /// What the step waits for.
+        why: String,
+        /// When to look again.
+        after: Duration,
+    },
+    /// The finalizer helper failed: adding or removing the finalizer, or the reconcile or cleanup
+    /// it ran.
+    #[error(transparent)]
+    Finalizer(Box<kube::runtime::finalizer::Error<Error>>),
 }
 
 impl Error {
     /// Short label for the errors metric.
     pub fn metric_label(&self) -> &'static str {
+        use kube::runtime::finalizer::Error as F;
         match self {
             Self::Kube { .. } => "kube",
+            Self::Waiting { .. } => "waiting",
+            Self::Finalizer(inner) => match inner.as_ref() {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e.metric_label(),
+                _ => "finalizer",
+            },
+        }
+    }
+
+    /// The wait this error stands for, when it only says that a step must wait.
+    fn waiting(&self) -> Option<Duration> {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Self::Waiting { after, .. } => Some(*after),
+            Self::Finalizer(inner) => match inner.as_ref() {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e.waiting(),
+                _ => None,
+            },
+            Self::Kube { .. } => None,
         }
     }
 }
@@ -134,15 +168,17 @@ fn is_not_found(e: &kube::Error) -> bool {
 /// Reconciles one BootsmanCluster.
 pub async fn reconcile(bc: Arc<BootsmanCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let timer = ctx.metrics.reconcile_timer("bootsmancluster");
-    let r = reconcile_inner(&bc, &ctx).await;
+    let r = reconcile_inner(bc, &ctx).await;
     timer.observe();
-    if let Err(e) = &r {
+    if let Err(e) = &r
+        && e.waiting().is_none()
+    {
         ctx.metrics.reconcile_failed("bootsmancluster", e.metric_label());
     }
     r
 }
 
-async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_inner(bc: Arc<BootsmanCluster>, ctx: &Context) -> Result<Action, Error> {
     let ns = bc.namespace().unwrap_or_default();
     let name = bc.name_any();
     let api: Api<BootsmanCluster> = Api::namespaced(ctx.client.clone(), &ns);
@@ -151,32 +187,26 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
         .get_opt(&name)
         .await
         .map_err(kube_err(format!("reading Cluster {ns}/{name}")))?;
-    let pause = pause_state(bc, cluster.as_ref());
-    if let Some(action) = honour_pause(bc, ctx, &api, &pause).await? {
+    let pause = pause_state(&bc, cluster.as_ref());
+    if let Some(action) = honour_pause(&bc, ctx, &api, &pause).await? {
         return Ok(action);
     }
-    if bc.metadata.deletion_timestamp.is_some() {
-        return finalize(bc, ctx, &api, cluster).await;
-    }
-    if !bc.finalizers().iter().any(|f| f == FINALIZER) {
-        let mut fins = bc.finalizers().to_vec();
-        fins.push(FINALIZER.into());
-        let patch = json!({"metadata": {
-            "finalizers": fins,
-            "annotations": {labels::CLUSTERCTL_BLOCK_MOVE: BLOCK_MOVE_REASON},
-            "resourceVersion": bc.resource_version(),
-        }});
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(kube_err(format!("adding finalizer to {ns}/{name}")))?;
-        // The update triggers the next reconcile.
-        return Ok(Action::await_change());
-    }
+    finalizer(&api, FINALIZER, bc, |event| async {
+        match event {
+            FinalizerEvent::Apply(bc) => apply(&bc, ctx, &api).await,
+            FinalizerEvent::Cleanup(bc) => cleanup(&bc, ctx, &api, cluster).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
 
+/// Validates, renders and applies the cluster's objects, then writes its status.
+async fn apply(bc: &BootsmanCluster, ctx: &Context, api: &Api<BootsmanCluster>) -> Result<Action, Error> {
     let violations = validate(&bc.name_any(), &bc.spec);
     if !violations.is_empty() {
         let report = status::invalid(bc, &violations, &conditions::now());
-        write_status(bc, &api, report.status).await?;
+        write_status(bc, api, report.status).await?;
         publish(ctx, bc, &report.notes).await;
         return Ok(Action::await_change());
     }
@@ -215,7 +245,7 @@ async fn reconcile_inner(bc: &BootsmanCluster, ctx: &Context) -> Result<Action, 
         SOON
     };
     publish(ctx, bc, &report.notes).await;
-    write_status(bc, &api, report.status).await?;
+    write_status(bc, api, report.status).await?;
     Ok(Action::requeue(requeue))
 }
 
@@ -281,7 +311,8 @@ async fn honour_pause(
     let marked = annotations.contains_key(labels::PAUSED_WITH_CLUSTER);
     match pause {
         Pause::Running { resumed } => {
-            // A new cluster gets block-move with its finalizer, in one write.
+            // A new cluster gets block-move in the reconcile after the one that added its
+            // finalizer, before anything is rendered.
             let has_finalizer = bc.finalizers().iter().any(|f| f == FINALIZER);
             if (!blocking && has_finalizer) || *resumed {
                 let patch = json!({"metadata": {"annotations": {
@@ -541,66 +572,50 @@ async fn write_status(
     Ok(())
 }
 
-/// Deletes the CAPI Cluster (`cluster`, as this reconcile read it) in the foreground and removes
-/// the finalizer once it is gone.
-async fn finalize(
+/// The finalizer's cleanup: deletes the CAPI Cluster (`cluster`, as this reconcile read it) in
+/// the foreground and waits ([`Error::Waiting`], which keeps the finalizer) until it is gone.
+async fn cleanup(
     bc: &BootsmanCluster,
     ctx: &Context,
     api: &Api<BootsmanCluster>,
     cluster: Option<Cluster>,
 ) -> Result<Action, Error> {
-    if !bc.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(Action::await_change());
-    }
     let ns = bc.namespace().unwrap_or_default();
     let name = bc.name_any();
-    let clusters = Api::<Cluster>::namespaced(ctx.client.clone(), &ns);
-    match cluster {
-        Some(c) => {
-            if c.metadata.deletion_timestamp.is_none() {
-                let dp = DeleteParams {
-                    propagation_policy: Some(PropagationPolicy::Foreground),
-                    ..Default::default()
-                };
-                match clusters.delete(&name, &dp).await {
-                    Ok(_) => {
-                        event(
-                            ctx,
-                            bc,
-                            EventType::Normal,
-                            "Deleting",
-                            "deleting the CAPI Cluster",
-                        )
-                        .await;
-                    }
-                    Err(e) if is_not_found(&e) => {}
-                    Err(e) => return Err(kube_err("deleting Cluster")(e)),
-                }
+    let Some(c) = cluster else {
+        event(ctx, bc, EventType::Normal, "Deleted", "the CAPI Cluster is gone").await;
+        return Ok(Action::await_change());
+    };
+    if c.metadata.deletion_timestamp.is_none() {
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Foreground),
+            ..Default::default()
+        };
+        match Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
+            .delete(&name, &dp)
+            .await
+        {
+            Ok(_) => {
+                event(
+                    ctx,
+                    bc,
+                    EventType::Normal,
+                    "Deleting",
+                    "deleting the CAPI Cluster",
+                )
+                .await;
             }
-            let mut status = bc.status.clone().unwrap_or_default();
-            status.phase = Some(ClusterPhase::Deleting);
-            write_status(bc, api, status).await?;
-            Ok(Action::requeue(SOON))
-        }
-        None => {
-            let fins: Vec<String> = bc
-                .finalizers()
-                .iter()
-                .filter(|f| *f != FINALIZER)
-                .cloned()
-                .collect();
-            let patch = json!({"metadata": {
-                "finalizers": fins,
-                "annotations": {labels::CLUSTERCTL_BLOCK_MOVE: BLOCK_MOVE_REASON},
-                "resourceVersion": bc.resource_version(),
-            }});
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(kube_err(format!("removing finalizer of {ns}/{name}")))?;
-            event(ctx, bc, EventType::Normal, "Deleted", "the CAPI Cluster is gone").await;
-            Ok(Action::await_change())
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(kube_err(format!("deleting Cluster {ns}/{name}"))(e)),
         }
     }
+    let mut status = bc.status.clone().unwrap_or_default();
+    status.phase = Some(ClusterPhase::Deleting);
+    write_status(bc, api, status).await?;
+    Err(Error::Waiting {
+        why: format!("Cluster {ns}/{name} to be deleted"),
+        after: SOON,
+    })
 }
 
 async fn event(ctx: &Context, bc: &BootsmanCluster, type_: EventType, reason: &str, note: &str) {
@@ -616,9 +631,14 @@ async fn event(ctx: &Context, bc: &BootsmanCluster, type_: EventType, reason: &s
     }
 }
 
-/// Requeue policy on error: try again soon.
-pub fn error_policy(_bc: Arc<BootsmanCluster>, err: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %err, "reconcile failed");
+/// Requeue policy on error: after the wait a waiting step asked for, else soon (a conflict of
+/// the finalizer helper's guarded patch included: the next reconcile reads the new version).
+pub fn error_policy(bc: Arc<BootsmanCluster>, err: &Error, _ctx: Arc<Context>) -> Action {
+    if let Some(after) = err.waiting() {
+        tracing::debug!(name = %bc.name_any(), "{err}");
+        return Action::requeue(after);
+    }
+    tracing::warn!(name = %bc.name_any(), namespace = ?bc.namespace(), error = %err, "reconcile failed");
     Action::requeue(SOON)
 }
 
