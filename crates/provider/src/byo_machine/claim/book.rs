@@ -99,11 +99,7 @@ impl Book {
         &self,
         fits: impl FnMut(&ObjectRef<ByoMachine>) -> bool,
     ) -> Option<ObjectRef<ByoMachine>> {
-        let mut w = self.waiting.lock().ok()?;
-        if w.by_machine.is_empty() {
-            return None;
-        }
-        w.take_first(fits)
+        self.waiting.lock().ok()?.take_first(fits)
     }
 
     /// Remembers the version of a ByoMachine that one of this process's writes returned.
