@@ -54,6 +54,19 @@ pub const KUBEADM_RESET: [&str; 4] = ["kubeadm", "reset", "-f", "--skip-phases=r
 pub const CRI_REMOVE_PODS: [&str; 4] = ["crictl", "rmp", "--all", "--force"];
 /// Then every container that is left.
 pub const CRI_REMOVE_CONTAINERS: [&str; 4] = ["crictl", "rm", "--all", "--force"];
+/// How the runtime is asked what is left: pod sandbox ids, then container ids (of any state).
+pub const CRI_LIST: [[&str; 3]; 2] = [["crictl", "pods", "-q"], ["crictl", "ps", "-aq"]];
+/// How long a reset waits for the runtime to let go of what kubeadm left before it fails.
+pub const CRI_LEFTOVER_PATIENCE: Duration = Duration::from_secs(60);
+
+/// What the container runtime still holds after a reset's removals.
+#[derive(Debug, PartialEq)]
+enum Leftovers {
+    /// Nothing; `removed_after` is how many were still listed after kubeadm and then removed.
+    None { removed_after: usize },
+    /// These ids would not go.
+    Some(Vec<String>),
+}
 
 /// The umask of every command the agent runs. The agent's own unit sets `UMask=0077` for its
 /// keys and journals; bootstrap commands expect an ordinary system's 022 (a keyring `apt` must
@@ -273,6 +286,87 @@ impl Executor {
         run_logged(cmd, log, self.command_timeout, stop).await
     }
 
+    /// Removes what `kubeadm reset` left in the container runtime until nothing is listed.
+    ///
+    /// kubeadm removes the pods it finds once the kubelet has stopped, but a container the
+    /// kubelet was starting as it stopped stays in containerd's "starting" state, which refuses
+    /// removal, until its start fails a moment later (seen on a loaded machine: about 2 s). So
+    /// this removes every pod sandbox and container, forcibly, then lists both, and repeats
+    /// once a second until the lists are empty or `patience` has passed.
+    async fn remove_cri_leftovers(
+        &self,
+        crictl: &Path,
+        patience: Duration,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Leftovers, Result<String, ExecError>> {
+        let give_up = tokio::time::Instant::now() + patience;
+        let mut removed_after = 0;
+        loop {
+            let left = self.cri_listed(crictl, stop).await?;
+            if left.is_empty() {
+                return Ok(Leftovers::None { removed_after });
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Ok(Leftovers::Some(left));
+            }
+            if removed_after == 0 {
+                removed_after = left.len();
+            }
+            for args in [CRI_REMOVE_PODS, CRI_REMOVE_CONTAINERS] {
+                let mut cmd = with_umask(&crictl.display().to_string(), &args[1..]);
+                self.prepare(&mut cmd);
+                let log = self.state.dir().join("logs/reset-cri.log");
+                let ran = run_logged(cmd, &log, self.command_timeout, stop)
+                    .await
+                    .map_err(Err)?;
+                if !ran.ok {
+                    tracing::info!(command = %args.join(" "), summary = %ran.summary, output = %ran.tail, "removing what kubeadm reset left: not yet");
+                }
+            }
+            let mut stop = stop.clone();
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.wait_for(|s| *s) => return Err(Err(ExecError::Interrupted)),
+            }
+        }
+    }
+
+    /// The ids of every pod sandbox and container the runtime lists ([`CRI_LIST`]). A listing
+    /// that fails is an error: a host is not called clean on a runtime it could not ask.
+    async fn cri_listed(
+        &self,
+        crictl: &Path,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Vec<String>, Result<String, ExecError>> {
+        let mut ids = Vec::new();
+        for args in CRI_LIST {
+            let out_path = self.state.dir().join("logs/reset-cri-list.log");
+            let mut cmd = with_umask(&crictl.display().to_string(), &args[1..]);
+            self.prepare(&mut cmd);
+            let ran = run_logged(cmd, &out_path, self.command_timeout, stop)
+                .await
+                .map_err(Err)?;
+            if !ran.ok {
+                return Err(Ok(format!(
+                    "{}: {}; output:\n{}",
+                    args.join(" "),
+                    ran.summary,
+                    ran.tail
+                )));
+            }
+            let listed = std::fs::read_to_string(&out_path)
+                .map_err(|e| Err(StateError::from_io("read", &out_path, e).into()))?;
+            ids.extend(
+                listed
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_hexdigit()))
+                    .map(String::from),
+            );
+        }
+        Ok(ids)
+    }
+
     /// Finds `kubeadm` where the bootstrap's commands would: `<root>/usr/local/bin`,
     /// `<root>/usr/bin`, and on the host root also the rest of `PATH`.
     pub fn kubeadm(&self) -> Option<PathBuf> {
@@ -323,19 +417,22 @@ impl Executor {
                 )));
             }
             notes.push(KUBEADM_RESET.join(" "));
-            // kubeadm removes the pods it finds once the kubelet has stopped; a container the
-            // kubelet was starting as it stopped can survive that. Remove whatever is left.
             if let Some(crictl) = self.program("crictl") {
-                for args in [CRI_REMOVE_PODS, CRI_REMOVE_CONTAINERS] {
-                    let mut cmd = with_umask(&crictl.display().to_string(), &args[1..]);
-                    self.prepare(&mut cmd);
-                    let log = self.state.dir().join("logs/reset-cri.log");
-                    match run_logged(cmd, &log, self.command_timeout, stop).await {
-                        Ok(ran) if ran.ok => notes.push(args.join(" ")),
-                        Ok(ran) => {
-                            tracing::warn!(command = %args.join(" "), summary = %ran.summary, "removing what kubeadm reset left failed");
-                        }
-                        Err(e) => return Err(Err(e)),
+                match self
+                    .remove_cri_leftovers(&crictl, CRI_LEFTOVER_PATIENCE, stop)
+                    .await?
+                {
+                    Leftovers::None { removed_after } => notes.push(match removed_after {
+                        0 => "no container or pod sandbox left".to_string(),
+                        n => format!("{n} container(s) or pod sandbox(es) kubeadm left removed"),
+                    }),
+                    Leftovers::Some(ids) => {
+                        return Err(Ok(format!(
+                            "{}: containers or pod sandboxes are still there {}s after the reset: {}",
+                            KUBEADM_RESET.join(" "),
+                            CRI_LEFTOVER_PATIENCE.as_secs(),
+                            ids.join(", ")
+                        )));
                     }
                 }
             }
@@ -595,6 +692,72 @@ mod tests {
                 .unwrap_err()
                 .contains("no group")
         );
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    /// A runtime whose one container is "starting" (refuses removal) for the first
+    /// `refusals` removals, as containerd is while a start the stopped kubelet asked for is
+    /// still failing; a negative count never lets go.
+    fn runtime_with_a_starting_container(refusals: i32) -> (Executor, PathBuf, std::path::PathBuf) {
+        let tmp = std::env::temp_dir().join(format!(
+            "byoh-cri-{}-{}",
+            std::process::id(),
+            refusals.unsigned_abs() + if refusals < 0 { 1000 } else { 0 }
+        ));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let bin = tmp.join("root/usr/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let crictl = bin.join("crictl");
+        let tries = tmp.join("tries");
+        std::fs::write(
+            &crictl,
+            format!(
+                "#!/bin/sh\nT={tries}\nn=$(cat $T 2>/dev/null || echo 0)\n\
+                 case \"$1\" in\n\
+                 pods) exit 0;;\n\
+                 ps) [ -e $T.removed ] || echo d6b25ae8d9cf; exit 0;;\n\
+                 rmp) exit 0;;\n\
+                 rm) echo $((n+1)) > $T\n\
+                 if [ {refusals} -ge 0 ] && [ $n -ge {refusals} ]; then touch $T.removed; exit 0; fi\n\
+                 echo 'container is in starting state, cannot be removed' >&2; exit 1;;\n\
+                 esac\nexit 2\n",
+                tries = tries.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&crictl, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::create_dir_all(tmp.join("state")).unwrap();
+        let ex = Executor {
+            root: Root::new(&tmp.join("root")).unwrap(),
+            state: StateDir::open(&tmp.join("state")).unwrap(),
+            command_timeout: Duration::from_secs(10),
+        };
+        (ex, crictl, tmp)
+    }
+
+    #[tokio::test]
+    async fn a_container_that_is_still_starting_is_removed_once_it_lets_go() {
+        let (ex, crictl, tmp) = runtime_with_a_starting_container(2);
+        let (_tx, stop) = watch::channel(false);
+        let left = ex
+            .remove_cri_leftovers(&crictl, Duration::from_secs(20), &stop)
+            .await
+            .unwrap();
+        assert_eq!(left, Leftovers::None { removed_after: 1 });
+        // Removal was refused twice, then the third try took it.
+        assert_eq!(std::fs::read_to_string(tmp.join("tries")).unwrap().trim(), "3");
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_container_that_never_lets_go_is_named_not_called_clean() {
+        let (ex, crictl, tmp) = runtime_with_a_starting_container(-1);
+        let (_tx, stop) = watch::channel(false);
+        let left = ex
+            .remove_cri_leftovers(&crictl, Duration::from_secs(2), &stop)
+            .await
+            .unwrap();
+        assert_eq!(left, Leftovers::Some(vec!["d6b25ae8d9cf".to_string()]));
         std::fs::remove_dir_all(&tmp).unwrap();
     }
 }
