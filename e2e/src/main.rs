@@ -378,11 +378,12 @@ impl E2e {
         std::fs::write(&path, json).map_err(bootsman_lab::error::io("write", &path))?;
 
         let members = self.wait_etcd_members(3).await?;
+        let tree = self.check_status_tree(3, 3)?;
         let dns = self
             .wait_pods_running("kube-system", "k8s-app=kube-dns", 1, Duration::from_secs(180))
             .await?;
         Ok(format!(
-            "3 + 3 Nodes Ready on containerd ({}), no disk pressure, kubelets on the cluster's thresholds (nodefs/imagefs {DISK_RESERVE}), etcd members {members:?}, CoreDNS Running on {dns:?}; nodes.json written",
+            "3 + 3 Nodes Ready on containerd ({}), no disk pressure, kubelets on the cluster's thresholds (nodefs/imagefs {DISK_RESERVE}), etcd members {members:?}, CoreDNS Running on {dns:?}; {tree}; nodes.json written",
             nodes
                 .items
                 .first()
@@ -393,6 +394,66 @@ impl E2e {
                     .as_ref()
                     .map(|i| i.container_runtime_version.clone()))
                 .unwrap_or_default()
+        ))
+    }
+
+    /// `bootsmanctl status` shows the cluster as it stands: under the control plane `cp`
+    /// Machines and under the MachineDeployments `workers`, each through its ByoMachine down to
+    /// a ByoHost whose agent is healthy with a heartbeat under a minute old. Prints the table.
+    fn check_status_tree(&self, cp: usize, workers: usize) -> Result<String> {
+        let table = self.site.bootsmanctl(&["status", "-n", &self.ns, &self.name])?;
+        for l in table.lines() {
+            println!("      {l}");
+        }
+        let out = self
+            .site
+            .bootsmanctl(&["status", "-n", &self.ns, &self.name, "-o", "json"])?;
+        let trees: Value = serde_json::from_str(&out)
+            .map_err(|e| fail(format!("bootsmanctl status -o json: {e}: {out}")))?;
+        fn hosts<'a>(n: &'a Value, under: &str, found: &mut Vec<(String, &'a Value)>) {
+            let kind = n["kind"].as_str().unwrap_or_default();
+            let under = match kind {
+                "KubeadmControlPlane" | "MachineDeployment" => kind,
+                _ => under,
+            };
+            if kind == "ByoHost" {
+                found.push((under.to_string(), n));
+            }
+            for c in n["children"].as_array().into_iter().flatten() {
+                hosts(c, under, found);
+            }
+        }
+        let mut found = Vec::new();
+        for t in trees.as_array().into_iter().flatten() {
+            hosts(t, "", &mut found);
+        }
+        let now = k8s_openapi::jiff::Timestamp::now();
+        for (_, h) in &found {
+            let name = h["name"].as_str().unwrap_or_default();
+            let beat = h["heartbeat"]
+                .as_str()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .map(|t| now.duration_since(t).as_secs());
+            if h["summary"]["type"] != "AgentHealthy"
+                || h["summary"]["status"] != "True"
+                || beat.is_none_or(|b| b >= 60)
+            {
+                return Err(fail(format!(
+                    "bootsmanctl status shows ByoHost {name} with {} and heartbeat {:?}s ago, not a healthy agent",
+                    h["summary"], beat
+                )));
+            }
+        }
+        let count = |k: &str| found.iter().filter(|(u, _)| u == k).count();
+        if count("KubeadmControlPlane") != cp || count("MachineDeployment") != workers {
+            return Err(fail(format!(
+                "bootsmanctl status shows {} hosts under the control plane and {} under MachineDeployments, not {cp} and {workers}:\n{table}",
+                count("KubeadmControlPlane"),
+                count("MachineDeployment")
+            )));
+        }
+        Ok(format!(
+            "bootsmanctl status shows {cp} + {workers} hosts below their Machines, each agent healthy with a heartbeat under a minute old"
         ))
     }
 
@@ -987,17 +1048,20 @@ fn pod_not_ready(p: &Pod) -> Option<String> {
 /// After a failure: the state of the infrastructure and child clusters and the logs to read.
 async fn diagnose(e2e: &E2e) {
     heading("diagnosis");
-    for args in [
-        vec![
-            "get",
-            "bootsmanclusters,clusters,kubeadmcontrolplanes,machinedeployments,machines,byomachines",
-            "-A",
-        ],
-        vec!["get", "byohosts", "-A", "-L", "role"],
-    ] {
-        if let Ok(out) = e2e.site.kubectl(None, &args) {
-            println!("{out}");
-        }
+    // The cluster's tree while its BootsmanCluster exists; the objects by kind otherwise.
+    let tree = (!e2e.name.is_empty())
+        .then(|| {
+            e2e.site
+                .bootsmanctl(&["status", "-n", &e2e.ns, &e2e.name, "--all-conditions"])
+                .ok()
+        })
+        .flatten();
+    let by_kind = "bootsmanclusters,clusters,kubeadmcontrolplanes,machinedeployments,machines,byomachines";
+    if let Some(out) = tree.or_else(|| e2e.site.kubectl(None, &["get", by_kind, "-A"]).ok()) {
+        println!("{out}");
+    }
+    if let Ok(out) = e2e.site.kubectl(None, &["get", "byohosts", "-A", "-L", "role"]) {
+        println!("{out}");
     }
     if !e2e.child.as_os_str().is_empty() {
         for args in [

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use crate::{hosts, token};
+use crate::{diagnose, hosts, site, status, token};
 
 /// Command-line tool of Bootsman.
 #[derive(Debug, Parser)]
@@ -23,9 +23,76 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Print a commented example Site file for `install`.
+    Init,
+    /// Install a site from its Site file. `--validate` runs the preflight checks (the file, this
+    /// machine's address and port, the registry) and starts nothing; `--dry-run` runs them and
+    /// prints the install's plan, marking the steps a saved state says are done.
+    #[command(group(clap::ArgGroup::new("mode").required(true).args(["validate", "dry_run"])))]
+    Install {
+        /// The Site file.
+        #[arg(long, short = 'f')]
+        file: PathBuf,
+        /// Run the preflight checks only.
+        #[arg(long)]
+        validate: bool,
+        /// Run the preflight checks and print the plan.
+        #[arg(long)]
+        dry_run: bool,
+        /// `table` for people, `json` for scripts (findings and plan).
+        #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Manage the hosts of a pool.
     #[command(subcommand)]
     Hosts(HostsCommand),
+    /// Show a BootsmanCluster's objects as a tree with their conditions: BootsmanCluster →
+    /// Cluster → control plane and MachineDeployments → Machines → ByoMachines → ByoHosts (with
+    /// the agent's health and last heartbeat). Every cluster of the namespace when CLUSTER is
+    /// not given.
+    Status {
+        /// The BootsmanCluster.
+        cluster: Option<String>,
+        /// Its namespace; the kubeconfig context's namespace when not set.
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// List every condition of each object, not only the one that sums it up.
+        #[arg(long)]
+        all_conditions: bool,
+        /// `table` for people, `json` for scripts (the whole tree with every condition).
+        #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Write a support bundle (.tar.gz) of a BootsmanCluster (every cluster of the namespace
+    /// when CLUSTER is not given): a summary of what is wrong, the status tree, its objects, its
+    /// hosts' state and Events, and the controllers' logs. Secret values are never read; tokens,
+    /// keys and passwords are redacted.
+    Diagnose {
+        /// The BootsmanCluster.
+        cluster: Option<String>,
+        /// Its namespace; the kubeconfig context's namespace when not set.
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// The bundle to write; `bootsman-diagnose-<namespace>-<time>.tar.gz` when not set.
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+        /// A namespace whose Pods' logs go into the bundle (repeatable); Bootsman's and Cluster
+        /// API's namespaces when not set.
+        #[arg(long = "controllers-namespace")]
+        controllers_namespaces: Vec<String>,
+        /// Lines of each container's log.
+        #[arg(long, default_value_t = 500)]
+        log_lines: i64,
+    },
+}
+
+/// How a command prints what it found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Aligned columns for a terminal.
+    Table,
+    /// JSON, one document.
+    Json,
 }
 
 /// `bootsmanctl hosts …`.
@@ -134,9 +201,73 @@ async fn issue(
     Ok(())
 }
 
+/// The namespace (validated, else the kubeconfig context's), a client, and the BootsmanClusters
+/// a command is about (`cluster`, else every one of the namespace).
+async fn clusters(
+    kubeconfig: Option<&PathBuf>,
+    namespace: Option<String>,
+    cluster: Option<String>,
+) -> anyhow::Result<(String, kube::Client, Vec<String>)> {
+    if let Some(ns) = &namespace {
+        bootsman_api::identity::validate_pool(ns).map_err(|m| anyhow::anyhow!("--namespace: {m}"))?;
+    }
+    let config = load_config(kubeconfig).await?;
+    let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config)?;
+    let names = match cluster {
+        Some(c) => vec![c],
+        None => status::names(&client, &namespace)
+            .await
+            .with_context(|| format!("list the BootsmanClusters of namespace {namespace}"))?,
+    };
+    Ok((namespace, client, names))
+}
+
 /// Runs a parsed command line, writing its output to `out`.
 pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
     match cli.command {
+        Command::Init => out.write_all(site::EXAMPLE.as_bytes())?,
+        Command::Install {
+            file,
+            validate: _,
+            dry_run,
+            output,
+        } => {
+            let s = site::load(&file)?;
+            let mut findings = site::check(&s);
+            findings.extend(site::probe(&s));
+            let plan = site::plan(&s, &site::State::load(&s)?);
+            if output == Output::Json {
+                let doc = serde_json::json!({
+                    "site": s.metadata.name,
+                    "findings": findings,
+                    "plan": if dry_run { serde_json::to_value(&plan)? } else { serde_json::Value::Null },
+                });
+                serde_json::to_writer_pretty(&mut *out, &doc)?;
+                out.write_all(b"\n")?;
+            } else if findings.is_empty() {
+                writeln!(
+                    out,
+                    "preflight passed for site {}: the Site file, {}:{} free on this machine, registry {} answers",
+                    s.metadata.name, s.spec.bootstrap.address, s.spec.bootstrap.port, s.spec.registry
+                )?;
+                if dry_run {
+                    out.write_all(site::render_plan(&plan).as_bytes())?;
+                }
+            } else {
+                for f in &findings {
+                    writeln!(out, "{f}")?;
+                }
+            }
+            if !findings.is_empty() {
+                anyhow::bail!(
+                    "preflight refused site {} ({} finding{}); nothing was started",
+                    s.metadata.name,
+                    findings.len(),
+                    if findings.len() == 1 { "" } else { "s" }
+                );
+            }
+        }
         Command::Hosts(HostsCommand::Token {
             namespace,
             name,
@@ -172,6 +303,78 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
             let client = kube::Client::try_from(load_config(cli.kubeconfig.as_ref()).await?)?;
             let rows = hosts::list(&client, namespace.as_deref()).await?;
             out.write_all(hosts::table(&rows, namespace.is_none()).as_bytes())?;
+        }
+        Command::Status {
+            cluster,
+            namespace,
+            all_conditions,
+            output,
+        } => {
+            let (namespace, client, names) = clusters(cli.kubeconfig.as_ref(), namespace, cluster).await?;
+            let now = k8s_openapi::jiff::Timestamp::now();
+            let mut trees = Vec::new();
+            for name in &names {
+                let objects = status::gather(&client, &namespace, name)
+                    .await
+                    .with_context(|| format!("read the objects of BootsmanCluster {namespace}/{name}"))?
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("CLUSTER: no BootsmanCluster {name:?} in namespace {namespace:?}")
+                    })?;
+                trees.push(status::tree(&objects, now));
+            }
+            match output {
+                Output::Json => {
+                    serde_json::to_writer_pretty(&mut *out, &trees)?;
+                    out.write_all(b"\n")?;
+                }
+                Output::Table if trees.is_empty() => {
+                    eprintln!("no BootsmanCluster in namespace {namespace}");
+                }
+                Output::Table => {
+                    for (i, t) in trees.iter().enumerate() {
+                        if i > 0 {
+                            out.write_all(b"\n")?;
+                        }
+                        out.write_all(status::render(t, now, all_conditions).as_bytes())?;
+                    }
+                }
+            }
+        }
+        Command::Diagnose {
+            cluster,
+            namespace,
+            output,
+            controllers_namespaces,
+            log_lines,
+        } => {
+            if log_lines < 1 {
+                anyhow::bail!("--log-lines: {log_lines} must be at least 1");
+            }
+            let (namespace, client, names) = clusters(cli.kubeconfig.as_ref(), namespace, cluster).await?;
+            if names.is_empty() {
+                anyhow::bail!("CLUSTER: no BootsmanCluster in namespace {namespace:?}");
+            }
+            let opts = diagnose::Options {
+                namespace: namespace.clone(),
+                clusters: names,
+                controller_namespaces: if controllers_namespaces.is_empty() {
+                    diagnose::CONTROLLER_NAMESPACES.map(String::from).to_vec()
+                } else {
+                    controllers_namespaces
+                },
+                log_lines,
+            };
+            let files = diagnose::collect(&client, &opts).await?;
+            let stamp = k8s_openapi::jiff::Timestamp::now().as_second();
+            let top = format!("bootsman-diagnose-{namespace}-{stamp}");
+            let path = output.unwrap_or_else(|| PathBuf::from(format!("{top}.tar.gz")));
+            diagnose::write_bundle(&path, &top, &files)?;
+            writeln!(out, "{}", path.display())?;
+            eprintln!(
+                "wrote {} ({} files); start with {top}/SUMMARY.txt",
+                path.display(),
+                files.len()
+            );
         }
     }
     Ok(())

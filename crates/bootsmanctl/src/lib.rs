@@ -1,10 +1,14 @@
-//! `bootsmanctl`: the command-line tool of Bootsman. It installs the platform and manages the
-//! hosts of a pool; for example, it issues the one-time bootstrap tokens hosts enrol with
-//! ([`token`]) and lists the hosts of a pool ([`hosts`]).
+//! `bootsmanctl`: the command-line tool of Bootsman. It issues the one-time bootstrap tokens
+//! hosts enrol with ([`token`]), lists the hosts of a pool ([`hosts`]), shows a cluster's
+//! objects as a tree ([`status`]), writes redacted support bundles ([`diagnose`]), and reads
+//! and checks the Site file a site is installed from ([`site`]).
 //!
 //! Every command is a library function taking a [`kube::Client`], so the binary only parses flags
 //! ([`cli`]) and prints.
 
 pub mod cli;
+pub mod diagnose;
 pub mod hosts;
+pub mod site;
+pub mod status;
 pub mod token;

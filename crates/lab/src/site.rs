@@ -362,6 +362,16 @@ impl Site {
         )
     }
 
+    /// `bootsmanctl ARGS` with the infrastructure cluster's admin kubeconfig; its output.
+    pub fn bootsmanctl(&self, args: &[&str]) -> Result<String> {
+        run(
+            Command::new(self.lab.exe_dir().join("bootsmanctl"))
+                .args(args)
+                .env("KUBECONFIG", self.env.kubeconfig()),
+            &format!("bootsmanctl {}", args.join(" ")),
+        )
+    }
+
     /// Host by name.
     pub fn host(&self, name: &str) -> Option<&LabHost> {
         self.hosts.iter().find(|h| h.name() == name)
