@@ -8,17 +8,25 @@
 //! - `byoh-agent`: the heartbeat Lease;
 //! - `byoh-agent/inventory`: `status.hostInfo`, `status.network`, `status.agentVersion`;
 //! - `byoh-agent/<Condition>`: one manager per condition (`Registered`, `BootstrapSucceeded`,
-//!   `CleanupSucceeded`), each with the `observedGeneration` of the spec it answers.
+//!   `CleanupSucceeded`, `Rehomed`), each with the `observedGeneration` of the spec it answers.
 //!
 //! Events on the ByoHost: `BootstrapSucceeded`, `BootstrapFailed`, `CleanupSucceeded`,
-//! `CleanupFailed`.
+//! `CleanupFailed`, `Rehomed`, `RehomeFailed`.
+//!
+//! **Rehome.** When an admin sets `spec.rehome` (a pivot moves the site to another management
+//! cluster), the agent finishes the action in progress, reads the Secret
+//! `bootsman-rehome-<host>` (only this host may), enrols with the cluster it names using the
+//! one-time token in it (a fresh key, kept aside: the current identity stays in use), reports
+//! `Rehomed=True` here, and only then replaces its kubeconfig and runs on against the new
+//! cluster, in the same process. A failure is reported as `Rehomed=False` with the reason and
+//! retried; a rehome interrupted after the new certificate was issued resumes from it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bootsman_api::condition::types;
-use bootsman_api::v1beta1::ByoHost;
+use bootsman_api::v1beta1::{ByoHost, REHOME_SECRET_KEY, RehomeRequest, rehome_secret_name};
 use bootsman_runtime::{conditions, ssa};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -33,6 +41,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::cloudinit;
+use crate::enroll;
 use crate::executor::{ExecError, Executor};
 use crate::state::Outcome;
 
@@ -59,6 +68,11 @@ pub struct Options {
     pub heartbeat_interval: Duration,
     /// Runs bootstraps and resets.
     pub executor: Executor,
+    /// The host's identity files, for a rehome (`spec.rehome`); `None` refuses rehomes.
+    pub identity: Option<enroll::Options>,
+    /// Told when a rehome has replaced the host's kubeconfig: the caller runs the agent again
+    /// with a client of the new cluster.
+    pub identity_changed: Option<watch::Sender<u64>>,
 }
 
 /// A failure that ends the agent.
@@ -441,6 +455,82 @@ impl Agent {
         }
     }
 
+    /// Moves the agent to the cluster the rehome Secret names (see the module documentation).
+    async fn rehome(&self, host: &ByoHost, req: &RehomeRequest) -> Result<(), ActError> {
+        let (Some(ident), Some(changed)) = (&self.opts.identity, &self.opts.identity_changed) else {
+            let why = "this agent runs without its identity files and cannot move to another cluster";
+            self.report(host, types::REHOMED, false, "RehomeUnsupported", why)
+                .await
+                .map_err(retry)?;
+            return Ok(());
+        };
+        let fail = |reason: &'static str, why: String| async move {
+            tracing::warn!(reason, error = %why, "rehome failed");
+            self.report(host, types::REHOMED, false, reason, &why)
+                .await
+                .map_err(retry)?;
+            self.event(host, true, "RehomeFailed", "Rehome", &why).await;
+            Err::<(), ActError>(ActError::Retry(why))
+        };
+        // Already talking to the cluster asked for (the request was copied there with the host).
+        if enroll::current_server(ident).is_ok_and(|s| s == req.server) {
+            let msg = format!("the agent talks to {} already", req.server);
+            self.report(host, types::REHOMED, true, "Rehomed", &msg)
+                .await
+                .map_err(retry)?;
+            return Ok(());
+        }
+        let name = rehome_secret_name(&self.opts.name);
+        let secret = match Api::<Secret>::namespaced(self.secrets.clone(), &self.opts.namespace)
+            .get_opt(&name)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => return fail("RehomeSecretUnreadable", format!("read Secret {name}: {e}")).await,
+        };
+        let Some(bootstrap) = secret
+            .and_then(|s| s.data)
+            .and_then(|d| d.get(REHOME_SECRET_KEY).map(|b| b.0.clone()))
+        else {
+            return fail(
+                "RehomeSecretMissing",
+                format!("Secret {name} with key {REHOME_SECRET_KEY} does not exist"),
+            )
+            .await;
+        };
+        match enroll::server_of(&bootstrap) {
+            Ok(s) if s == req.server => {}
+            Ok(s) => {
+                return fail(
+                    "RehomeServerMismatch",
+                    format!(
+                        "spec.rehome.server is {} but Secret {name} points at {s}",
+                        req.server
+                    ),
+                )
+                .await;
+            }
+            Err(e) => return fail("RehomeSecretInvalid", format!("Secret {name}: {e}")).await,
+        }
+        tracing::info!(server = %req.server, "rehome requested: enrolling with the new cluster");
+        if let Err(e) = enroll::rehome(ident, &bootstrap).await {
+            return fail("RehomeFailed", format!("enrol with {}: {e}", req.server)).await;
+        }
+        let msg = format!(
+            "the agent enrolled with {} and talks only to it from now on; this ByoHost is no longer kept",
+            req.server
+        );
+        self.report(host, types::REHOMED, true, "Rehomed", &msg)
+            .await
+            .map_err(retry)?;
+        self.event(host, false, "Rehomed", "Rehome", &msg).await;
+        enroll::commit_rehome(ident)
+            .map_err(|e| ActError::Retry(format!("switch to the new kubeconfig: {e}")))?;
+        tracing::info!(server = %req.server, "rehomed: continuing with the new cluster");
+        changed.send_modify(|n| *n += 1);
+        Ok(())
+    }
+
     async fn act(&self, host: &ByoHost, stop: &watch::Receiver<bool>) -> Result<(), ActError> {
         let generation = host.metadata.generation;
         let answered = |type_: &str| {
@@ -449,6 +539,11 @@ impl Agent {
                 .and_then(|s| conditions::get(&s.conditions, type_))
                 .is_some_and(|c| c.observed_generation >= generation)
         };
+        if let Some(req) = &host.spec.rehome
+            && !answered(types::REHOMED)
+        {
+            return self.rehome(host, req).await;
+        }
         if let Some(release) = &host.spec.release {
             if answered(types::CLEANUP_SUCCEEDED) {
                 return Ok(());

@@ -409,6 +409,85 @@ pub async fn renew_loop(
     }
 }
 
+/// File in the state directory holding the bootstrap kubeconfig of a rehome in progress.
+pub const REHOME_BOOTSTRAP_FILE: &str = "rehome-bootstrap.kubeconfig";
+/// File in the state directory holding the host's kubeconfig for the cluster it is moving to,
+/// until [`commit_rehome`] puts it in place of the current one.
+pub const REHOME_KUBECONFIG_FILE: &str = "rehome.kubeconfig";
+
+/// The API server of the host's current kubeconfig.
+pub fn current_server(opts: &Options) -> Result<String, Error> {
+    cluster_of(&opts.kubeconfig).map(|(server, _)| server)
+}
+
+/// The API server a bootstrap kubeconfig (as bytes) points at.
+pub fn server_of(bootstrap: &[u8]) -> Result<String, Error> {
+    let kc: Kubeconfig = serde_saphyr::from_slice(bootstrap).map_err(|e| Error::Kubeconfig {
+        path: PathBuf::from(REHOME_BOOTSTRAP_FILE),
+        message: e.to_string(),
+    })?;
+    let name = kc.current_context.clone();
+    let ctx = kc
+        .contexts
+        .iter()
+        .find(|c| Some(&c.name) == name.as_ref())
+        .or_else(|| kc.contexts.first())
+        .and_then(|c| c.context.as_ref());
+    kc.clusters
+        .iter()
+        .find(|c| ctx.is_some_and(|x| x.cluster == c.name))
+        .and_then(|c| c.cluster.as_ref()?.server.clone())
+        .ok_or_else(|| Error::Kubeconfig {
+            path: PathBuf::from(REHOME_BOOTSTRAP_FILE),
+            message: "has no server for its current context".into(),
+        })
+}
+
+/// First half of a rehome: enrols the host with the cluster of `bootstrap` (a bootstrap
+/// kubeconfig with a one-time token for this host's name) and keeps the new kubeconfig aside
+/// ([`REHOME_KUBECONFIG_FILE`]); the current identity stays in use. Returns the new server.
+///
+/// A rehome interrupted after its certificate was issued (the token is spent by then) finds
+/// that kubeconfig again and does not ask twice.
+pub async fn rehome(opts: &Options, bootstrap: &[u8]) -> Result<String, Error> {
+    identity::validate_host_name(&opts.host_name).map_err(|e| Error::Invalid(format!("host name: {e}")))?;
+    ensure_private_dir(&opts.state_dir)?;
+    let via = opts.state_dir.join(REHOME_BOOTSTRAP_FILE);
+    write_private(&via, bootstrap)?;
+    let (server, _) = cluster_of(&via)?;
+    let staged = Options {
+        kubeconfig: opts.state_dir.join(REHOME_KUBECONFIG_FILE),
+        ..opts.clone()
+    };
+    let ready = match current_certificate(&staged) {
+        Ok(Some(v)) => v.is_valid(now()) && cluster_of(&staged.kubeconfig).is_ok_and(|(s, _)| s == server),
+        _ => false,
+    };
+    if ready {
+        tracing::info!(%server, "the certificate for the new cluster was issued before; using it");
+    } else {
+        tracing::info!(%server, host = %opts.host_name, "enrolling with the cluster the host moves to");
+        request(&staged, &via, None).await?;
+    }
+    Ok(server)
+}
+
+/// Second half of a rehome: the kubeconfig for the new cluster replaces the current one (one
+/// atomic write), then the kept copy and the rehome's bootstrap kubeconfig, whose token is
+/// spent, are removed.
+pub fn commit_rehome(opts: &Options) -> Result<(), Error> {
+    let staged = opts.state_dir.join(REHOME_KUBECONFIG_FILE);
+    let new = std::fs::read(&staged).map_err(io(&staged))?;
+    write_private(&opts.kubeconfig, &new)?;
+    for f in [staged, opts.state_dir.join(REHOME_BOOTSTRAP_FILE)] {
+        match std::fs::remove_file(&f) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&f)(e)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Generates a key, submits a CSR with the identity of the kubeconfig `via`, waits for the
 /// certificate and writes the host's kubeconfig.
 async fn request(opts: &Options, via: &Path, expiration: Option<Duration>) -> Result<kube::Config, Error> {

@@ -273,6 +273,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         });
         tx
     };
+    // A renewed certificate, or a rehome to another cluster, restarts the protocol with a client
+    // of the new kubeconfig once the action in progress has finished (the old certificate stays
+    // valid meanwhile): a running bootstrap command is never cut short by either.
+    let (renewed_tx, mut renewed_rx) = watch::channel(0u64);
     let opts = agent::Options {
         name,
         namespace: args.namespace.clone(),
@@ -283,11 +287,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             state,
             command_timeout: args.command_timeout,
         },
+        identity: Some(enroll_opts.clone()),
+        identity_changed: Some(renewed_tx.clone()),
     };
-    // A renewed certificate restarts the protocol with a client of the new identity once the
-    // action in progress has finished (the old certificate stays valid meanwhile): a running
-    // bootstrap command is never cut short by a renewal.
-    let (renewed_tx, mut renewed_rx) = watch::channel(0u64);
     tokio::spawn({
         let enroll_opts = enroll_opts.clone();
         let stop = stop_rx.clone();
@@ -332,7 +334,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         if r.is_err() || *stop_rx.borrow() || !renewed_rx.has_changed().unwrap_or(false) {
             break r;
         }
-        tracing::info!("continuing with the renewed host certificate");
+        tracing::info!(path = %args.kubeconfig.display(), "continuing with the host's new kubeconfig (renewed or rehomed)");
         client = client_from(&args.kubeconfig).await.context("--kubeconfig")?;
     };
     // The server stops with the stop signal; on an error it is simply dropped with the process.

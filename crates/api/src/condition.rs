@@ -18,6 +18,8 @@ pub mod types {
     pub const BOOTSTRAP_SUCCEEDED: &str = "BootstrapSucceeded";
     /// ByoHost: the host was reset after its machine went away.
     pub const CLEANUP_SUCCEEDED: &str = "CleanupSucceeded";
+    /// ByoHost: the agent enrolled with the cluster `spec.rehome` names and talks only to it now.
+    pub const REHOMED: &str = "Rehomed";
     /// BootsmanCluster: the control plane has the desired number of ready machines.
     pub const CONTROL_PLANE_READY: &str = "ControlPlaneReady";
     /// BootsmanCluster: every worker pool has the desired number of ready machines.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use crate::{diagnose, hosts, site, status, token};
+use crate::{diagnose, hosts, rehome, site, status, token};
 
 /// Command-line tool of Bootsman.
 #[derive(Debug, Parser)]
@@ -129,6 +129,34 @@ pub enum HostsCommand {
         /// API server URL written into the printed kubeconfig, as the host reaches it.
         #[arg(long)]
         server: Option<String>,
+    },
+    /// Move hosts' agents to another management cluster, one step per host, as a pivot does
+    /// once the host objects are there: a replacement token for each host on the target, handed
+    /// to that host alone through a Secret here, and `spec.rehome` on its ByoHost. The agent
+    /// enrols with the target, reports `Rehomed=True` here and talks only to the target.
+    Rehome {
+        /// The hosts to move.
+        hosts: Vec<String>,
+        /// Move every host of the pool.
+        #[arg(long, conflicts_with = "hosts")]
+        all: bool,
+        /// The pool (the same namespace on both clusters).
+        #[arg(long, short = 'n')]
+        namespace: String,
+        /// Kubeconfig of the cluster the hosts move to (an admin of it).
+        #[arg(long)]
+        to: PathBuf,
+        /// The target's API server URL as the hosts reach it; the --to kubeconfig's server when
+        /// not set.
+        #[arg(long)]
+        server: Option<String>,
+        /// How long each host's token stays valid if unused (e.g. 30m, 1h; at most 7d).
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// Wait this long for every host to answer from the target (e.g. 5m); 0 returns once the
+        /// requests are written.
+        #[arg(long, default_value = "0")]
+        wait: String,
     },
     /// List the hosts of a pool (of every pool when --namespace is not set).
     List {
@@ -295,6 +323,64 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                 replace: true,
             };
             issue(cli.kubeconfig.as_ref(), &req, server, out).await?;
+        }
+        Command::Hosts(HostsCommand::Rehome {
+            hosts,
+            all,
+            namespace,
+            to,
+            server,
+            ttl,
+            wait,
+        }) => {
+            bootsman_api::identity::validate_pool(&namespace)
+                .map_err(|m| anyhow::anyhow!("--namespace: {m}"))?;
+            if hosts.is_empty() && !all {
+                anyhow::bail!(
+                    "HOST: name the hosts to move, or pass --all for every host of pool {namespace}"
+                );
+            }
+            let ttl = token::parse_duration("--ttl", &ttl)?;
+            token::validate(&token::Request {
+                pool: namespace.clone(),
+                host: Some("h".into()),
+                ttl,
+                replace: true,
+            })?;
+            let wait = token::parse_duration("--wait", &wait)?;
+            if let Some(s) = &server
+                && !s.starts_with("https://")
+            {
+                anyhow::bail!("--server: {s:?} must be an https:// URL");
+            }
+            let target_config = load_config(Some(&to))
+                .await
+                .map_err(|e| anyhow::anyhow!("--to: {e:#}"))?;
+            let server = server.unwrap_or_else(|| {
+                target_config
+                    .cluster_url
+                    .to_string()
+                    .trim_end_matches('/')
+                    .to_string()
+            });
+            let req = rehome::Request {
+                pool: namespace.clone(),
+                hosts,
+                server,
+                ca_pem: token::ca_pem(&target_config),
+                ttl,
+            };
+            let target = kube::Client::try_from(target_config)?;
+            let source = kube::Client::try_from(load_config(cli.kubeconfig.as_ref()).await?)?;
+            let requested = rehome::request(&source, &target, &req).await?;
+            for r in &requested {
+                writeln!(out, "{}: rehome to {} requested", r.host, req.server)?;
+            }
+            if !wait.is_zero() {
+                for line in rehome::wait(&source, &target, &namespace, &requested, wait).await? {
+                    writeln!(out, "{line}")?;
+                }
+            }
         }
         Command::Hosts(HostsCommand::List { namespace }) => {
             if let Some(ns) = &namespace {

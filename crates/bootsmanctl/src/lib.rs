@@ -1,5 +1,6 @@
 //! `bootsmanctl`: the command-line tool of Bootsman. It issues the one-time bootstrap tokens
-//! hosts enrol with ([`token`]), lists the hosts of a pool ([`hosts`]), shows a cluster's
+//! hosts enrol with ([`token`]), lists the hosts of a pool ([`hosts`]), moves hosts' agents to another
+//! management cluster ([`rehome`]), shows a cluster's
 //! objects as a tree ([`status`]), writes redacted support bundles ([`diagnose`]), and reads
 //! and checks the Site file a site is installed from ([`site`]).
 //!
@@ -9,6 +10,7 @@
 pub mod cli;
 pub mod diagnose;
 pub mod hosts;
+pub mod rehome;
 pub mod site;
 pub mod status;
 pub mod token;

@@ -323,6 +323,9 @@ fn host_node(h: &Value, o: &Objects, now: Timestamp) -> Node {
     if let Some(q) = h["spec"]["quarantine"]["reason"].as_str() {
         n.facts.push(format!("quarantined: {q}"));
     }
+    if let Some(to) = h["spec"]["rehome"]["server"].as_str() {
+        n.facts.push(format!("rehome to {to}"));
+    }
     n
 }
 

@@ -84,6 +84,13 @@ pub struct ByoHostSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quarantine: Option<Quarantine>,
 
+    /// Set by an admin (`bootsmanctl hosts rehome`, as a pivot does) to move this host's agent to
+    /// another management cluster: the Secret `bootsman-rehome-<host>` in this namespace holds a
+    /// bootstrap kubeconfig of that cluster with a one-time token for this host's name. The agent
+    /// enrols there, reports `Rehomed=True` here, and then talks only to the new cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rehome: Option<RehomeRequest>,
+
     /// Accepted for compatibility with BYOH manifests and ignored: Bootsman installs Kubernetes
     /// components from the bootstrap data, not from an installer bundle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,6 +141,27 @@ pub struct ReleaseRequest {
     /// When the provider asked for the release; the release times out from here.
     pub requested_at: Time,
 }
+
+/// A request to move a host's agent to another management cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RehomeRequest {
+    /// The API server the host moves to, as the rehome Secret names it (for the record; the
+    /// agent connects to what the Secret says).
+    #[schemars(length(min = 1, max = 2048))]
+    pub server: String,
+    /// When the admin asked.
+    pub requested_at: Time,
+}
+
+/// Name of the Secret (in the host's namespace) that carries a host's rehome bootstrap
+/// kubeconfig, under [`REHOME_SECRET_KEY`]; only that host may read it.
+pub fn rehome_secret_name(host: &str) -> String {
+    format!("bootsman-rehome-{host}")
+}
+
+/// Key of the bootstrap kubeconfig in the rehome Secret.
+pub const REHOME_SECRET_KEY: &str = "bootstrap-kubeconfig";
 
 /// Why and since when a host is out of the pool.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
