@@ -3,7 +3,8 @@
 //! as a move copies it. The agent enrols there with the replacement token the command issued
 //! (through the target's real approver), reports `Rehomed=True` on the source, and from then on
 //! registers and heartbeats only on the target, in the same process. The rehome Secret is the
-//! host's alone: another host cannot read it, and a host cannot ask for a rehome itself.
+//! host's alone: another host cannot read it, and a host cannot ask for a rehome itself. A
+//! rehome asked for without its Secret is refused with the reason, and the agent stays.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
@@ -60,6 +61,24 @@ async fn a_rehomed_agent_enrols_with_the_target_and_leaves_the_source_in_one_ste
     let mut copy = ByoHost::new("node-r", ByoHostSpec::default());
     copy.metadata.labels = source_host.metadata.labels.clone();
     target_hosts.create(&PostParams::default(), &copy).await.unwrap();
+
+    // A rehome asked for without its Secret is refused with the reason, and the agent stays.
+    pool.hosts()
+        .patch(
+            "node-r",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"rehome": {"server": target.api_url(),
+                "requestedAt": "2026-01-01T00:00:00Z"}}})),
+        )
+        .await
+        .unwrap();
+    let refused = common::wait_condition(&pool.hosts(), &host, types::REHOMED, "False").await;
+    let msg = common::message(&refused, types::REHOMED);
+    assert!(
+        msg.contains(&rehome_secret_name("node-r")) && msg.contains("does not exist"),
+        "{msg}"
+    );
+    assert!(host.is_running(), "the agent exited:\n{}", host.log());
 
     let pid = host.pid();
     let source_leases: Api<Lease> = Api::namespaced(site.admin.clone(), &site.ns);

@@ -486,6 +486,8 @@ impl Agent {
             .await
         {
             Ok(s) => s,
+            // Without the Role that `bootsmanctl hosts rehome` writes with it, reading is refused.
+            Err(kube::Error::Api(s)) if s.code == 403 => None,
             Err(e) => return fail("RehomeSecretUnreadable", format!("read Secret {name}: {e}")).await,
         };
         let Some(bootstrap) = secret
@@ -494,7 +496,10 @@ impl Agent {
         else {
             return fail(
                 "RehomeSecretMissing",
-                format!("Secret {name} with key {REHOME_SECRET_KEY} does not exist"),
+                format!(
+                    "Secret {name} with key {REHOME_SECRET_KEY} does not exist, or this host may not read it; \
+                     `bootsmanctl hosts rehome` writes both"
+                ),
             )
             .await;
         };
