@@ -111,6 +111,12 @@ async fn a_rehomed_agent_enrols_with_the_target_and_leaves_the_source_in_one_ste
     // One step, one process: the agent was not restarted.
     assert!(host.is_running(), "the agent exited:\n{}", host.log());
     assert_eq!(host.pid(), pid);
+    common::eventually("the agent goes on with the new cluster", || async {
+        host.log()
+            .contains("continuing with the new management cluster (rehomed)")
+            .then_some(())
+    })
+    .await;
     let src = pool.hosts().get("node-r").await.unwrap();
     let msg = common::message(&src, types::REHOMED);
     assert!(

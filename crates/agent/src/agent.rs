@@ -155,6 +155,21 @@ impl AgentMetrics {
     }
 }
 
+/// Whether a rehome is to be done (or tried again): `spec.rehome` is set and no `Rehomed=True`
+/// answers this generation, or the certificate for the new cluster is kept aside (`staged`)
+/// but not yet in use, because the switch after the report did not happen.
+pub fn rehome_due(host: &ByoHost, staged: bool) -> bool {
+    if host.spec.rehome.is_none() {
+        return false;
+    }
+    let done = host
+        .status
+        .as_ref()
+        .and_then(|s| conditions::get(&s.conditions, types::REHOMED))
+        .is_some_and(|c| c.status == "True" && c.observed_generation >= host.metadata.generation);
+    !done || staged
+}
+
 /// Whether `name` is an RFC 1123 subdomain (what a ByoHost name must be); the error names the
 /// rule.
 pub fn check_host_name(name: &str) -> Result<(), String> {
@@ -464,12 +479,23 @@ impl Agent {
                 .map_err(retry)?;
             return Ok(());
         };
+        // A failure is reported, and retried every few seconds; its Event is published once.
+        let stored = host
+            .status
+            .as_ref()
+            .and_then(|s| conditions::get(&s.conditions, types::REHOMED))
+            .cloned();
         let fail = |reason: &'static str, why: String| async move {
             tracing::warn!(reason, error = %why, "rehome failed");
+            let again = stored
+                .as_ref()
+                .is_some_and(|c| c.status == "False" && c.reason == reason && c.message == why);
             self.report(host, types::REHOMED, false, reason, &why)
                 .await
                 .map_err(retry)?;
-            self.event(host, true, "RehomeFailed", "Rehome", &why).await;
+            if !again {
+                self.event(host, true, "RehomeFailed", "Rehome", &why).await;
+            }
             Err::<(), ActError>(ActError::Retry(why))
         };
         // Already talking to the cluster asked for (the request was copied there with the host).
@@ -544,8 +570,9 @@ impl Agent {
                 .and_then(|s| conditions::get(&s.conditions, type_))
                 .is_some_and(|c| c.observed_generation >= generation)
         };
+        let staged = self.opts.identity.as_ref().is_some_and(enroll::rehome_staged);
         if let Some(req) = &host.spec.rehome
-            && !answered(types::REHOMED)
+            && rehome_due(host, staged)
         {
             return self.rehome(host, req).await;
         }
@@ -729,7 +756,59 @@ fn retry(e: impl std::fmt::Display) -> ActError {
 
 #[cfg(test)]
 mod tests {
-    use super::check_host_name;
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use bootsman_api::v1beta1::{ByoHostSpec, ByoHostStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn host(generation: i64, rehomed: Option<(bool, i64)>) -> ByoHost {
+        let mut h = ByoHost::new(
+            "h1",
+            ByoHostSpec {
+                rehome: Some(RehomeRequest {
+                    server: "https://10.0.0.2:6443".into(),
+                    requested_at: Time(Timestamp::now()),
+                }),
+                ..ByoHostSpec::default()
+            },
+        );
+        h.metadata.generation = Some(generation);
+        if let Some((ok, observed)) = rehomed {
+            let mut conds = Vec::new();
+            conditions::set(
+                &mut conds,
+                types::REHOMED,
+                conditions::Status::from_bool(ok),
+                "R",
+                "",
+                Some(observed),
+                conditions::now(),
+            );
+            h.status = Some(ByoHostStatus {
+                conditions: conds,
+                ..ByoHostStatus::default()
+            });
+        }
+        h
+    }
+
+    #[test]
+    fn a_rehome_is_retried_until_it_is_answered_true_and_switched() {
+        assert!(rehome_due(&host(2, None), false), "not answered yet");
+        assert!(
+            rehome_due(&host(2, Some((false, 2))), false),
+            "a failure is tried again"
+        );
+        assert!(!rehome_due(&host(2, Some((true, 2))), false), "done");
+        assert!(
+            rehome_due(&host(2, Some((true, 2))), true),
+            "reported but not switched"
+        );
+        assert!(rehome_due(&host(3, Some((true, 2))), false), "a new request");
+        let mut none = host(2, None);
+        none.spec.rehome = None;
+        assert!(!rehome_due(&none, true));
+    }
 
     #[test]
     fn host_names() {

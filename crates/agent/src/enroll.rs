@@ -415,6 +415,11 @@ pub const REHOME_BOOTSTRAP_FILE: &str = "rehome-bootstrap.kubeconfig";
 /// until [`commit_rehome`] puts it in place of the current one.
 pub const REHOME_KUBECONFIG_FILE: &str = "rehome.kubeconfig";
 
+/// Whether a kubeconfig for the cluster the host moves to is kept aside, not yet in use.
+pub fn rehome_staged(opts: &Options) -> bool {
+    opts.state_dir.join(REHOME_KUBECONFIG_FILE).exists()
+}
+
 /// The API server of the host's current kubeconfig.
 pub fn current_server(opts: &Options) -> Result<String, Error> {
     cluster_of(&opts.kubeconfig).map(|(server, _)| server)

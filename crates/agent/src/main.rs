@@ -308,6 +308,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     });
+    let mut server = enroll::current_server(&enroll_opts).ok();
     let result = loop {
         // Marked seen before the watcher below is cloned from it, so that only a renewal after
         // this point restarts the run.
@@ -334,7 +335,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         if r.is_err() || *stop_rx.borrow() || !renewed_rx.has_changed().unwrap_or(false) {
             break r;
         }
-        tracing::info!(path = %args.kubeconfig.display(), "continuing with the host's new kubeconfig (renewed or rehomed)");
+        let now = enroll::current_server(&enroll_opts).ok();
+        if now == server {
+            tracing::info!("continuing with the renewed host certificate");
+        } else {
+            tracing::info!(from = ?server, to = ?now, "continuing with the new management cluster (rehomed)");
+            server = now;
+        }
         client = client_from(&args.kubeconfig).await.context("--kubeconfig")?;
     };
     // The server stops with the stop signal; on an error it is simply dropped with the process.

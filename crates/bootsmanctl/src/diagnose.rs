@@ -104,17 +104,7 @@ pub async fn collect(client: &kube::Client, opts: &Options) -> anyhow::Result<Ve
         all.extend(objects.control_plane.iter());
         all.extend(objects.machine_deployments.iter());
         all.extend(objects.machines.iter());
-        let bound: BTreeSet<String> = objects
-            .machines
-            .iter()
-            .filter_map(|m| m["spec"]["infrastructureRef"]["name"].as_str().map(String::from))
-            .collect();
-        all.extend(
-            objects
-                .byo_machines
-                .iter()
-                .filter(|b| b["metadata"]["name"].as_str().is_some_and(|n| bound.contains(n))),
-        );
+        all.extend(objects.byo_machines.iter());
         for o in all {
             let (kind, oname) = (str_of(&o["kind"]), str_of(&o["metadata"]["name"]));
             involved.insert((kind.clone(), oname.clone()));

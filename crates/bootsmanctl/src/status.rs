@@ -22,7 +22,7 @@
 //! LISTs and one GET per host and Lease), [`tree`] builds the [`Node`] tree from them, and
 //! [`render`] prints it; `-o json` prints the tree as JSON instead.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
@@ -98,7 +98,7 @@ pub struct Objects {
     pub machine_deployments: Vec<Value>,
     /// Machines whose `spec.clusterName` is the cluster.
     pub machines: Vec<Value>,
-    /// ByoMachines of the namespace (those of the Machines are shown).
+    /// The ByoMachines of those Machines.
     pub byo_machines: Vec<Value>,
     /// The ByoHosts the ByoMachines are bound to, wherever they live.
     pub hosts: Vec<Value>,
@@ -186,13 +186,22 @@ pub async fn gather(
         .into_iter()
         .filter(of_cluster)
         .collect();
-    o.byo_machines = Api::<ByoMachine>::namespaced(client.clone(), namespace)
+    // Only the ByoMachines of this cluster's Machines, and so only their hosts.
+    let wanted: BTreeSet<&str> = o
+        .machines
+        .iter()
+        .filter(|m| m["spec"]["infrastructureRef"]["kind"] == "ByoMachine")
+        .filter_map(|m| m["spec"]["infrastructureRef"]["name"].as_str())
+        .collect();
+    let byo_machines: Vec<Value> = Api::<ByoMachine>::namespaced(client.clone(), namespace)
         .list(&ListParams::default())
         .await?
         .items
         .into_iter()
         .map(to_value)
+        .filter(|b| b["metadata"]["name"].as_str().is_some_and(|n| wanted.contains(n)))
         .collect();
+    o.byo_machines = byo_machines;
     for bm in &o.byo_machines {
         let r = &bm["status"]["hostRef"];
         let (Some(hns), Some(hname)) = (r["namespace"].as_str(), r["name"].as_str()) else {

@@ -144,6 +144,15 @@ async fn shows_the_tree_of_a_cluster_from_bootsman_cluster_to_host_heartbeat() {
         )
         .await;
     }
+    // A ByoMachine of another cluster in the same namespace, bound to another host: not shown.
+    create(
+        &admin,
+        &ns,
+        &ar("infrastructure.cluster.x-k8s.io", "v1beta1", "ByoMachine"),
+        json!({"metadata": {"name": "other-cluster-m"}, "spec": {}}),
+        json!({"hostRef": {"namespace": pool, "name": "status-host-9"}}),
+    )
+    .await;
     let hosts: Api<ByoHost> = Api::namespaced(admin.clone(), &pool);
     hosts
         .create(
@@ -198,6 +207,10 @@ async fn shows_the_tree_of_a_cluster_from_bootsman_cluster_to_host_heartbeat() {
         format!("      └─ByoMachine/{md}-b"),
     ];
     assert_eq!(names, expected, "{out}");
+    assert!(
+        !out.contains("other-cluster-m") && !out.contains("status-host-9"),
+        "{out}"
+    );
     let row = |needle: &str| {
         out.lines()
             .find(|l| l.contains(needle))
