@@ -163,6 +163,9 @@ pub enum HostsCommand {
         /// The pool.
         #[arg(long, short = 'n')]
         namespace: Option<String>,
+        /// `table` for people, `json` for scripts (phase and machine `null` when unset).
+        #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
 }
 
@@ -382,13 +385,19 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Hosts(HostsCommand::List { namespace }) => {
+        Command::Hosts(HostsCommand::List { namespace, output }) => {
             if let Some(ns) = &namespace {
                 bootsman_api::identity::validate_pool(ns).map_err(|m| anyhow::anyhow!("--namespace: {m}"))?;
             }
             let client = kube::Client::try_from(load_config(cli.kubeconfig.as_ref()).await?)?;
             let rows = hosts::list(&client, namespace.as_deref()).await?;
-            out.write_all(hosts::table(&rows, namespace.is_none()).as_bytes())?;
+            match output {
+                Output::Table => out.write_all(hosts::table(&rows, namespace.is_none()).as_bytes())?,
+                Output::Json => {
+                    serde_json::to_writer_pretty(&mut *out, &rows)?;
+                    out.write_all(b"\n")?;
+                }
+            }
         }
         Command::Status {
             cluster,

@@ -5,18 +5,21 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
-/// One row of `bootsmanctl hosts list`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One row of `bootsmanctl hosts list` (and one object of its `-o json`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Row {
     /// Namespace (pool) of the host.
     pub namespace: String,
     /// Name of the host.
     pub name: String,
-    /// Phase, or `-` before the provider has written one.
-    pub phase: String,
-    /// `<namespace>/<name>` of the claiming ByoMachine, or `-`.
-    pub machine: String,
-    /// Age, e.g. `3d4h`.
+    /// Phase, until the provider has written one `None`.
+    pub phase: Option<String>,
+    /// `<namespace>/<name>` of the claiming ByoMachine.
+    pub machine: Option<String>,
+    /// When the ByoHost was created (RFC 3339).
+    pub created: Option<String>,
+    /// Age, e.g. `3d4h` (the table's column).
+    #[serde(skip)]
     pub age: String,
 }
 
@@ -46,16 +49,13 @@ pub async fn list(client: &kube::Client, namespace: Option<&str>) -> Result<Vec<
         .map(|h| Row {
             namespace: h.namespace().unwrap_or_default(),
             name: h.name_any(),
-            phase: h
-                .status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .map_or_else(|| "-".to_string(), |p| format!("{p:?}")),
+            phase: h.status.as_ref().and_then(|s| s.phase).map(|p| format!("{p:?}")),
             machine: h
                 .spec
                 .machine_ref
                 .as_ref()
-                .map_or_else(|| "-".to_string(), |m| format!("{}/{}", m.namespace, m.name)),
+                .map(|m| format!("{}/{}", m.namespace, m.name)),
+            created: h.creation_timestamp().map(|t| t.0.to_string()),
             age: h
                 .creation_timestamp()
                 .map_or_else(|| "-".to_string(), |t| age(now.as_second() - t.0.as_second())),
@@ -75,8 +75,8 @@ pub fn table(rows: &[Row], all_namespaces: bool) -> String {
         let cells = [
             r.namespace.as_str(),
             r.name.as_str(),
-            r.phase.as_str(),
-            r.machine.as_str(),
+            r.phase.as_deref().unwrap_or("-"),
+            r.machine.as_deref().unwrap_or("-"),
             r.age.as_str(),
         ];
         lines.push(cells[skip..].to_vec());
@@ -114,8 +114,9 @@ mod tests {
         let rows = vec![Row {
             namespace: "p".into(),
             name: "web-1".into(),
-            phase: "Available".into(),
-            machine: "-".into(),
+            phase: Some("Available".into()),
+            machine: None,
+            created: None,
             age: "5s".into(),
         }];
         assert_eq!(

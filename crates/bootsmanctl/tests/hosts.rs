@@ -71,6 +71,19 @@ async fn lists_the_hosts_of_a_pool_with_phase_and_claim() {
     let ours = all.lines().filter(|l| l.starts_with(&format!("{pool} "))).count();
     assert_eq!(ours, 2, "{all}");
 
+    // JSON for scripts: unset fields are null, the creation time is RFC 3339.
+    let json: serde_json::Value =
+        serde_json::from_str(&list(env, &["-n", &pool, "-o", "json"]).await).expect("json");
+    assert_eq!(json[0]["name"], "web-1");
+    assert_eq!(json[0]["phase"], "Available");
+    assert!(json[0]["machine"].is_null());
+    assert_eq!(json[1]["machine"], claimed.as_str());
+    assert!(json[1]["phase"].is_null());
+    assert!(
+        json[0]["created"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{json}"
+    );
+
     // An empty pool prints the header only.
     let empty = env.create_namespace("list-empty").await;
     assert_eq!(list(env, &["-n", &empty]).await.lines().count(), 1);
