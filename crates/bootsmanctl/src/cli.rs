@@ -380,7 +380,9 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                 writeln!(out, "{}: rehome to {} requested", r.host, req.server)?;
             }
             if !wait.is_zero() {
-                for line in rehome::wait(&source, &target, &namespace, &requested, wait).await? {
+                let started = std::time::Instant::now();
+                let progress = |line: &str| eprintln!("[{:>4}s] {line}", started.elapsed().as_secs());
+                for line in rehome::wait(&source, &target, &namespace, &requested, wait, progress).await? {
                     writeln!(out, "{line}")?;
                 }
             }

@@ -234,13 +234,15 @@ async fn write_access(
 
 /// Waits until every requested host reports `Rehomed=True` on the source and has renewed its
 /// Lease on the target since the request, or `timeout` passes (an error naming the hosts and
-/// what each lacks). Returns one line per host.
+/// what each lacks). `progress` is told each host's line as it completes; all lines are
+/// returned in request order.
 pub async fn wait(
     source: &kube::Client,
     target: &kube::Client,
     pool: &str,
     requested: &[Requested],
     timeout: Duration,
+    mut progress: impl FnMut(&str),
 ) -> anyhow::Result<Vec<String>> {
     let src: Api<ByoHost> = Api::namespaced(source.clone(), pool);
     let leases: Api<Lease> = Api::namespaced(target.clone(), pool);
@@ -263,14 +265,13 @@ pub async fn wait(
                 .filter(|t| *t > r.at);
             match (&rehomed, renewed) {
                 (Some(c), Some(t)) if c.status == "True" => {
-                    done.insert(
-                        r.host.clone(),
-                        format!(
-                            "{}: rehomed; its Lease on the target was renewed {:.1}s after the request",
-                            r.host,
-                            t.duration_since(r.at).as_secs_f64()
-                        ),
+                    let line = format!(
+                        "{}: rehomed; its Lease on the target was renewed {:.1}s after the request",
+                        r.host,
+                        t.duration_since(r.at).as_secs_f64()
                     );
+                    progress(&line);
+                    done.insert(r.host.clone(), line);
                 }
                 (Some(c), _) if c.status == "False" => {
                     waiting.push(format!("{}: Rehomed=False {}: {}", r.host, c.reason, c.message));
