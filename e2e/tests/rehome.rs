@@ -13,6 +13,7 @@ mod common;
 use std::time::Duration;
 
 use bootsman_api::condition::types;
+use bootsman_api::identity;
 use bootsman_api::v1beta1::{ByoHost, ByoHostSpec, rehome_secret_name};
 use bootsman_testenv::TestEnv;
 use bootsmanctl::cli::{Cli, run};
@@ -123,6 +124,33 @@ async fn a_rehomed_agent_enrols_with_the_target_and_leaves_the_source_in_one_ste
         msg.contains(target.api_url()),
         "Rehomed=True names the target: {msg}"
     );
+
+    // A second run leaves the moved host alone: no unspent token for it on the target.
+    let unspent = || async {
+        Api::<Secret>::namespaced(to.clone(), "kube-system")
+            .list(&kube::api::ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|s| {
+                let a = s.metadata.annotations.clone().unwrap_or_default();
+                a.get(identity::TOKEN_HOST).map(String::as_str) == Some("node-r")
+                    && !a.contains_key(identity::TOKEN_SPENT_BY)
+            })
+            .count()
+    };
+    assert_eq!(unspent().await, 0, "the first token was spent");
+    let mut again = Vec::new();
+    run(Cli::try_parse_from(args).unwrap(), &mut again)
+        .await
+        .expect("a second rehome");
+    let again = String::from_utf8(again).unwrap();
+    assert!(
+        again.contains("node-r: rehomed to") && again.contains("already"),
+        "{again}"
+    );
+    assert_eq!(unspent().await, 0, "a token was issued again");
 
     // On the target the agent registers (its own writes, through the pool access the target's
     // approver granted) and heartbeats; on the source its Lease is no longer renewed.

@@ -377,7 +377,11 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
             let source = kube::Client::try_from(load_config(cli.kubeconfig.as_ref()).await?)?;
             let requested = rehome::request(&source, &target, &req).await?;
             for r in &requested {
-                writeln!(out, "{}: rehome to {} requested", r.host, req.server)?;
+                if r.already {
+                    writeln!(out, "{}: rehomed to {} already", r.host, req.server)?;
+                } else {
+                    writeln!(out, "{}: rehome to {} requested", r.host, req.server)?;
+                }
             }
             if !wait.is_zero() {
                 let started = std::time::Instant::now();

@@ -14,6 +14,9 @@
 //! to the target from then on (see the agent's documentation). With `--wait`, the command waits
 //! for both: `Rehomed=True` on the source and the host's Lease renewed on the target after the
 //! request.
+//!
+//! A second run (after a crash, or for the hosts a first run did not finish) leaves alone every
+//! host that answered `Rehomed=True` for the same target, so no token is spent twice.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -59,6 +62,18 @@ pub struct Requested {
     pub host: String,
     /// When `spec.rehome` was set.
     pub at: Timestamp,
+    /// It had moved to this target already (`Rehomed=True` for the same server): nothing was
+    /// written for it this time.
+    pub already: bool,
+}
+
+/// When host `h` was asked to move to `server` and answered `Rehomed=True` for that request.
+fn rehomed_to(h: &ByoHost, server: &str) -> Option<Timestamp> {
+    let req = h.spec.rehome.as_ref().filter(|r| r.server == server)?;
+    let done = h.status.as_ref()?.conditions.iter().any(|c| {
+        c.type_ == types::REHOMED && c.status == "True" && c.observed_generation >= h.metadata.generation
+    });
+    done.then_some(req.requested_at.0)
 }
 
 /// Requests the rehome of `req.hosts` (every host of the pool when empty) from `source` to
@@ -111,6 +126,16 @@ pub async fn request(
     let mut out = Vec::new();
     for h in &hosts {
         let name = h.name_any();
+        // A re-run after a crash or a partial run: a host that has moved already keeps its
+        // request, and no token is spent on it again.
+        if let Some(at) = rehomed_to(h, &req.server) {
+            out.push(Requested {
+                host: name,
+                at,
+                already: true,
+            });
+            continue;
+        }
         let t = token::create(
             target,
             &token::Request {
@@ -133,7 +158,11 @@ pub async fn request(
             )
             .await
             .with_context(|| format!("set spec.rehome of ByoHost {}/{name}", req.pool))?;
-        out.push(Requested { host: name, at });
+        out.push(Requested {
+            host: name,
+            at,
+            already: false,
+        });
     }
     Ok(out)
 }
