@@ -250,11 +250,20 @@ async fn load(path: &Path) -> Result<kube::Config, Error> {
 
 /// Server URL and base64 CA bundle of the current context of the kubeconfig at `path`.
 fn cluster_of(path: &Path) -> Result<(String, Option<String>), Error> {
+    let kc = Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    cluster_in(&kc, path)
+}
+
+/// Server URL and base64 CA bundle of the current context of `kc`, read from `path` (a CA file
+/// it names is relative to `path`'s folder; errors name `path`).
+fn cluster_in(kc: &Kubeconfig, path: &Path) -> Result<(String, Option<String>), Error> {
     let bad = |message: String| Error::Kubeconfig {
         path: path.to_path_buf(),
         message,
     };
-    let kc = Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
     let context = kc
         .current_context
         .as_ref()
@@ -427,25 +436,12 @@ pub fn current_server(opts: &Options) -> Result<String, Error> {
 
 /// The API server a bootstrap kubeconfig (as bytes) points at.
 pub fn server_of(bootstrap: &[u8]) -> Result<String, Error> {
+    let path = Path::new(REHOME_BOOTSTRAP_FILE);
     let kc: Kubeconfig = serde_saphyr::from_slice(bootstrap).map_err(|e| Error::Kubeconfig {
-        path: PathBuf::from(REHOME_BOOTSTRAP_FILE),
+        path: path.to_path_buf(),
         message: e.to_string(),
     })?;
-    let name = kc.current_context.clone();
-    let ctx = kc
-        .contexts
-        .iter()
-        .find(|c| Some(&c.name) == name.as_ref())
-        .or_else(|| kc.contexts.first())
-        .and_then(|c| c.context.as_ref());
-    kc.clusters
-        .iter()
-        .find(|c| ctx.is_some_and(|x| x.cluster == c.name))
-        .and_then(|c| c.cluster.as_ref()?.server.clone())
-        .ok_or_else(|| Error::Kubeconfig {
-            path: PathBuf::from(REHOME_BOOTSTRAP_FILE),
-            message: "has no server for its current context".into(),
-        })
+    cluster_in(&kc, path).map(|(server, _)| server)
 }
 
 /// First half of a rehome: enrols the host with the cluster of `bootstrap` (a bootstrap

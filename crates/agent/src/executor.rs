@@ -286,6 +286,26 @@ impl Executor {
         run_logged(cmd, log, self.command_timeout, stop).await
     }
 
+    /// Runs `program args…` as a bootstrap command runs ([`Executor::run`]), logging to `log`
+    /// in the state directory's `logs/`.
+    async fn run_program(
+        &self,
+        program: &Path,
+        args: &[&str],
+        log: &str,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Ran, ExecError> {
+        let argv = std::iter::once(program.display().to_string())
+            .chain(args.iter().map(|a| (*a).to_string()))
+            .collect();
+        self.run(
+            &Command::Argv(argv),
+            &self.state.dir().join("logs").join(log),
+            stop,
+        )
+        .await
+    }
+
     /// Removes what `kubeadm reset` left in the container runtime until nothing is listed.
     ///
     /// kubeadm removes the pods it finds once the kubelet has stopped, but a container the
@@ -313,10 +333,8 @@ impl Executor {
                 removed_after = left.len();
             }
             for args in [CRI_REMOVE_PODS, CRI_REMOVE_CONTAINERS] {
-                let mut cmd = with_umask(&crictl.display().to_string(), &args[1..]);
-                self.prepare(&mut cmd);
-                let log = self.state.dir().join("logs/reset-cri.log");
-                let ran = run_logged(cmd, &log, self.command_timeout, stop)
+                let ran = self
+                    .run_program(crictl, &args[1..], "reset-cri.log", stop)
                     .await
                     .map_err(Err)?;
                 if !ran.ok {
@@ -340,12 +358,11 @@ impl Executor {
     ) -> Result<Vec<String>, Result<String, ExecError>> {
         let mut ids = Vec::new();
         for args in CRI_LIST {
-            let out_path = self.state.dir().join("logs/reset-cri-list.log");
-            let mut cmd = with_umask(&crictl.display().to_string(), &args[1..]);
-            self.prepare(&mut cmd);
-            let ran = run_logged(cmd, &out_path, self.command_timeout, stop)
+            let ran = self
+                .run_program(crictl, &args[1..], "reset-cri-list.log", stop)
                 .await
                 .map_err(Err)?;
+            let out_path = self.state.dir().join("logs/reset-cri-list.log");
             if !ran.ok {
                 return Err(Ok(format!(
                     "{}: {}; output:\n{}",
@@ -398,16 +415,10 @@ impl Executor {
     pub async fn reset(&self, stop: &watch::Receiver<bool>) -> Result<String, Result<String, ExecError>> {
         let mut notes = Vec::new();
         if let Some(kubeadm) = self.kubeadm() {
-            let mut cmd = with_umask(&kubeadm.display().to_string(), &KUBEADM_RESET[1..]);
-            self.prepare(&mut cmd);
-            let ran = run_logged(
-                cmd,
-                &self.state.dir().join("logs/reset.log"),
-                self.command_timeout,
-                stop,
-            )
-            .await
-            .map_err(Err)?;
+            let ran = self
+                .run_program(&kubeadm, &KUBEADM_RESET[1..], "reset.log", stop)
+                .await
+                .map_err(Err)?;
             if !ran.ok {
                 return Err(Ok(format!(
                     "{}: {}; output:\n{}",
