@@ -185,6 +185,26 @@ pub async fn load_config(path: Option<&PathBuf>) -> anyhow::Result<kube::Config>
     }
 }
 
+/// Checks `--server` (an https:// URL) before any connection is made.
+fn check_server(server: Option<&String>) -> anyhow::Result<()> {
+    match server {
+        Some(s) if !s.starts_with("https://") => anyhow::bail!("--server: {s:?} must be an https:// URL"),
+        _ => Ok(()),
+    }
+}
+
+/// `--server`, else the API server of `config`, as hosts are told to reach it.
+fn server_or(server: Option<String>, config: &kube::Config) -> String {
+    server.unwrap_or_else(|| config.cluster_url.to_string().trim_end_matches('/').to_string())
+}
+
+/// Writes `value` as pretty JSON and a newline: the `-o json` of every command.
+fn write_json(out: &mut impl Write, value: &impl serde::Serialize) -> anyhow::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value)?;
+    out.write_all(b"\n")?;
+    Ok(())
+}
+
 /// Issues the token `req` asks for and writes its bootstrap kubeconfig to `out`.
 async fn issue(
     kubeconfig: Option<&PathBuf>,
@@ -194,13 +214,9 @@ async fn issue(
 ) -> anyhow::Result<()> {
     // Bad flags fail before any connection is made.
     token::validate(req)?;
-    if let Some(s) = &server
-        && !s.starts_with("https://")
-    {
-        anyhow::bail!("--server: {s:?} must be an https:// URL");
-    }
+    check_server(server.as_ref())?;
     let config = load_config(kubeconfig).await?;
-    let server = server.unwrap_or_else(|| config.cluster_url.to_string().trim_end_matches('/').to_string());
+    let server = server_or(server, &config);
     let ca = token::ca_pem(&config);
     let client = kube::Client::try_from(config)?;
     // The approver denies a token for a pool that does not exist; say so now.
@@ -274,8 +290,7 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                     "findings": findings,
                     "plan": if dry_run { serde_json::to_value(&plan)? } else { serde_json::Value::Null },
                 });
-                serde_json::to_writer_pretty(&mut *out, &doc)?;
-                out.write_all(b"\n")?;
+                write_json(out, &doc)?;
             } else if findings.is_empty() {
                 writeln!(
                     out,
@@ -351,21 +366,11 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                 replace: true,
             })?;
             let wait = token::parse_duration("--wait", &wait)?;
-            if let Some(s) = &server
-                && !s.starts_with("https://")
-            {
-                anyhow::bail!("--server: {s:?} must be an https:// URL");
-            }
+            check_server(server.as_ref())?;
             let target_config = load_config(Some(&to))
                 .await
                 .map_err(|e| anyhow::anyhow!("--to: {e:#}"))?;
-            let server = server.unwrap_or_else(|| {
-                target_config
-                    .cluster_url
-                    .to_string()
-                    .trim_end_matches('/')
-                    .to_string()
-            });
+            let server = server_or(server, &target_config);
             let req = rehome::Request {
                 pool: namespace.clone(),
                 hosts,
@@ -399,10 +404,7 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
             let rows = hosts::list(&client, namespace.as_deref()).await?;
             match output {
                 Output::Table => out.write_all(hosts::table(&rows, namespace.is_none()).as_bytes())?,
-                Output::Json => {
-                    serde_json::to_writer_pretty(&mut *out, &rows)?;
-                    out.write_all(b"\n")?;
-                }
+                Output::Json => write_json(out, &rows)?,
             }
         }
         Command::Status {
@@ -415,19 +417,11 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
             let now = k8s_openapi::jiff::Timestamp::now();
             let mut trees = Vec::new();
             for name in &names {
-                let objects = status::gather(&client, &namespace, name)
-                    .await
-                    .with_context(|| format!("read the objects of BootsmanCluster {namespace}/{name}"))?
-                    .ok_or_else(|| {
-                        anyhow::anyhow!("CLUSTER: no BootsmanCluster {name:?} in namespace {namespace:?}")
-                    })?;
+                let objects = status::gather(&client, &namespace, name).await?;
                 trees.push(status::tree(&objects, now));
             }
             match output {
-                Output::Json => {
-                    serde_json::to_writer_pretty(&mut *out, &trees)?;
-                    out.write_all(b"\n")?;
-                }
+                Output::Json => write_json(out, &trees)?,
                 Output::Table if trees.is_empty() => {
                     eprintln!("no BootsmanCluster in namespace {namespace}");
                 }

@@ -74,15 +74,7 @@ pub async fn collect(client: &kube::Client, opts: &Options) -> anyhow::Result<Ve
     let mut involved: BTreeSet<(String, String)> = BTreeSet::new();
     let mut pools = BTreeSet::from([opts.namespace.clone()]);
     for name in &opts.clusters {
-        let objects = status::gather(client, &opts.namespace, name)
-            .await
-            .with_context(|| format!("read the objects of BootsmanCluster {}/{name}", opts.namespace))?
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "CLUSTER: no BootsmanCluster {name:?} in namespace {:?}",
-                    opts.namespace
-                )
-            })?;
+        let objects = status::gather(client, &opts.namespace, name).await?;
         let tree = status::tree(&objects, now);
         let dir = format!("clusters/{name}");
         summary.push(format!("BootsmanCluster {}/{name}", opts.namespace));

@@ -24,6 +24,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use anyhow::Context as _;
+
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
@@ -140,13 +142,17 @@ fn to_value(o: impl Serialize) -> Value {
     serde_json::to_value(o).unwrap_or(Value::Null)
 }
 
-/// Reads what the tree of BootsmanCluster `name` in `namespace` shows. `Ok(None)` when there
-/// is no such BootsmanCluster.
-pub async fn gather(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<Objects>, kube::Error> {
+/// Reads what the tree of BootsmanCluster `name` in `namespace` shows; an error names a
+/// cluster that does not exist (`CLUSTER: …`) or the read that failed.
+pub async fn gather(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<Objects> {
+    read(client, namespace, name)
+        .await
+        .with_context(|| format!("read the objects of BootsmanCluster {namespace}/{name}"))?
+        .ok_or_else(|| anyhow::anyhow!("CLUSTER: no BootsmanCluster {name:?} in namespace {namespace:?}"))
+}
+
+/// [`gather`], with `None` for a BootsmanCluster that does not exist.
+async fn read(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<Objects>, kube::Error> {
     let Some(bc) = Api::<BootsmanCluster>::namespaced(client.clone(), namespace)
         .get_opt(name)
         .await?
@@ -270,7 +276,7 @@ fn name_of(v: &Value) -> &str {
     v["metadata"]["name"].as_str().unwrap_or_default()
 }
 
-/// `ready/desired replicas` from the first of the given status fields that is set.
+/// `<ready>/<desired> ready` from `status.readyReplicas` and `spec.replicas`.
 fn replicas(obj: &Value) -> Option<String> {
     let desired = obj["spec"]["replicas"].as_i64()?;
     let ready = obj["status"]["readyReplicas"].as_i64().unwrap_or(0);
