@@ -8,6 +8,9 @@
 //! use: the approver marks it with [`TOKEN_SPENT_BY`] before approving and deletes it once the host
 //! holds its certificate.
 
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 /// Group of every enrolled host (the O of its client certificate).
 pub const HOSTS_GROUP: &str = "byoh:hosts";
 /// Prefix of a host's user name (the CN of its client certificate): `byoh:host:<name>`.
@@ -166,6 +169,38 @@ pub fn validate_pool(pool: &str) -> Result<(), String> {
              digits and '-', starting and ending with a letter or digit"
         ))
     }
+}
+
+/// A Role that lets host `host` do `verbs` on the one Secret `secret`, and the RoleBinding that
+/// gives it to the host's user; both carry `meta` (their name, namespace, labels and owners).
+/// How a Secret meant for one host (its bootstrap data, its rehome kubeconfig) is that host's
+/// alone.
+pub fn host_secret_access(meta: ObjectMeta, host: &str, secret: &str, verbs: &[&str]) -> (Role, RoleBinding) {
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["secrets".into()]),
+            resource_names: Some(vec![secret.to_string()]),
+            verbs: verbs.iter().map(|v| (*v).to_string()).collect(),
+            ..PolicyRule::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: meta.name.clone().unwrap_or_default(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            name: host_user(host),
+            ..Subject::default()
+        }]),
+        metadata: meta,
+    };
+    (role, binding)
 }
 
 #[cfg(test)]

@@ -28,12 +28,14 @@ use bootsman_api::v1beta1::{ByoHost, REHOME_SECRET_KEY, rehome_secret_name};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
+
+use bootsman_runtime::ssa;
 
 use crate::token;
 
@@ -194,7 +196,6 @@ async fn write_access(
         )])),
         ..ObjectMeta::default()
     };
-    let pp = PatchParams::apply(MANAGER).force();
     let secret = Secret {
         metadata: meta.clone(),
         type_: Some("bootsman.io/rehome".into()),
@@ -204,60 +205,31 @@ async fn write_access(
         )])),
         ..Secret::default()
     };
-    let with_kind = |mut v: serde_json::Value, api_version: &str, kind: &str| {
-        v["apiVersion"] = api_version.into();
-        v["kind"] = kind.into();
-        v
-    };
-    Api::<Secret>::namespaced(client.clone(), pool)
-        .patch(
-            &name,
-            &pp,
-            &Patch::Apply(with_kind(serde_json::to_value(&secret)?, "v1", "Secret")),
-        )
-        .await
-        .with_context(|| format!("write Secret {pool}/{name}"))?;
-    let role = Role {
-        metadata: meta.clone(),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["secrets".into()]),
-            resource_names: Some(vec![name.clone()]),
-            verbs: vec!["get".into()],
-            ..PolicyRule::default()
-        }]),
-    };
-    let rbac = "rbac.authorization.k8s.io/v1";
-    Api::<Role>::namespaced(client.clone(), pool)
-        .patch(
-            &name,
-            &pp,
-            &Patch::Apply(with_kind(serde_json::to_value(&role)?, rbac, "Role")),
-        )
-        .await
-        .with_context(|| format!("write Role {pool}/{name}"))?;
-    let binding = RoleBinding {
-        metadata: meta,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: name.clone(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: identity::host_user(&host),
-            ..Subject::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(client.clone(), pool)
-        .patch(
-            &name,
-            &pp,
-            &Patch::Apply(with_kind(serde_json::to_value(&binding)?, rbac, "RoleBinding")),
-        )
-        .await
-        .with_context(|| format!("write RoleBinding {pool}/{name}"))?;
+    let (role, binding) = identity::host_secret_access(meta, &host, &name, &["get"]);
+    ssa::apply(
+        &Api::<Secret>::namespaced(client.clone(), pool),
+        MANAGER,
+        &name,
+        &ssa::typed(&secret)?,
+    )
+    .await
+    .with_context(|| format!("write Secret {pool}/{name}"))?;
+    ssa::apply(
+        &Api::<Role>::namespaced(client.clone(), pool),
+        MANAGER,
+        &name,
+        &ssa::typed(&role)?,
+    )
+    .await
+    .with_context(|| format!("write Role {pool}/{name}"))?;
+    ssa::apply(
+        &Api::<RoleBinding>::namespaced(client.clone(), pool),
+        MANAGER,
+        &name,
+        &ssa::typed(&binding)?,
+    )
+    .await
+    .with_context(|| format!("write RoleBinding {pool}/{name}"))?;
     Ok(())
 }
 

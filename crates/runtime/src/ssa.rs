@@ -54,3 +54,14 @@ pub fn body<K: Resource<DynamicType = ()>>(
     }
     v
 }
+
+/// A typed object as an apply body, with the `apiVersion` and `kind` that k8s-openapi values
+/// leave out when serialized.
+pub fn typed<K: Resource<DynamicType = ()> + Serialize>(
+    obj: &K,
+) -> Result<serde_json::Value, serde_json::Error> {
+    let mut v = serde_json::to_value(obj)?;
+    v["apiVersion"] = K::api_version(&()).into();
+    v["kind"] = K::kind(&()).into();
+    Ok(v)
+}

@@ -8,10 +8,12 @@
 use std::collections::BTreeMap;
 
 use bootsman_api::capi::{Cluster, Machine};
+use bootsman_api::identity::host_secret_access;
 use bootsman_api::labels;
 use bootsman_api::v1beta1::{ByoHost, ByoMachine};
+use bootsman_runtime::ssa;
 use k8s_openapi::api::core::v1::{Node, Secret};
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ObjectMeta, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -21,11 +23,6 @@ use serde_json::json;
 use super::MANAGER;
 use crate::context::Context;
 use crate::error::{Error, Result, is_not_found, kube as kerr};
-
-/// User name of a host's identity (the CN of its client certificate).
-pub fn host_user(host: &str) -> String {
-    format!("byoh:host:{host}")
-}
 
 /// Name of the per-host bootstrap Secret.
 pub fn secret_name(host: &str) -> String {
@@ -104,30 +101,8 @@ pub async fn ensure(
         type_: source.type_.clone(),
         ..Default::default()
     };
-    let role = Role {
-        metadata: meta(role_name(&name)),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["secrets".into()]),
-            resource_names: Some(vec![secret.clone()]),
-            verbs: vec!["get".into(), "watch".into(), "list".into()],
-            ..Default::default()
-        }]),
-    };
-    let binding = RoleBinding {
-        metadata: meta(role_name(&name)),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: role_name(&name),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".into(),
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            name: host_user(&name),
-            ..Default::default()
-        }]),
-    };
+    let (role, binding) =
+        host_secret_access(meta(role_name(&name)), &name, &secret, &["get", "watch", "list"]);
     // The three are independent of each other and written at once; the host is pointed at the
     // Secret only once all three exist.
     let (copy, role, binding) = (
@@ -274,11 +249,7 @@ pub async fn set_node_provider_id(
     }
 }
 
-/// The object as an apply body (with `apiVersion` and `kind`, which typed k8s-openapi values
-/// leave out when serialized).
+/// The object as an apply body ([`ssa::typed`]).
 fn with_type<K: Resource<DynamicType = ()> + serde::Serialize>(obj: &K) -> Result<serde_json::Value> {
-    let mut v = serde_json::to_value(obj).map_err(|e| Error::Invalid(e.to_string()))?;
-    v["apiVersion"] = K::api_version(&()).into();
-    v["kind"] = K::kind(&()).into();
-    Ok(v)
+    ssa::typed(obj).map_err(|e| Error::Invalid(e.to_string()))
 }
