@@ -1,4 +1,6 @@
-//! Certificates and keys for one control plane, made with the `openssl` command line tool:
+//! Certificates and keys for one test control plane, made with the `openssl` command line tool
+//! (client identities with several groups, which `rcgen` cannot write, and certificates signed
+//! by Cluster API's RSA CAs):
 //! a server CA (serving certificates of the API server and of webhooks), a client CA (client
 //! identities; kube-controller-manager signs approved CSRs with it, so they authenticate), the admin
 //! identity, and the service-account signing key. All keys are ECDSA P-256.
@@ -6,16 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::error::{Error, Result, io};
+use bootsman_controlplane::{CertPair, PkiFiles};
 
-/// A certificate and its key on disk.
-#[derive(Clone, Debug)]
-pub struct CertPair {
-    /// PEM certificate.
-    pub cert: PathBuf,
-    /// PEM private key.
-    pub key: PathBuf,
-}
+use crate::error::{Error, Result, io};
 
 /// The PKI of one control plane.
 #[derive(Debug)]
@@ -73,6 +68,19 @@ impl Pki {
         pki.admin = pki.client("admin", "admin", &["system:masters"])?;
         key_pair(&pki.service_account_key, &pki.service_account_pub)?;
         Ok(pki)
+    }
+
+    /// The files a control plane is started with, `webhook` serving its webhooks.
+    pub fn files(&self, webhook: CertPair) -> PkiFiles {
+        PkiFiles {
+            server_ca: self.server_ca.clone(),
+            client_ca: self.client_ca.clone(),
+            apiserver: self.apiserver.clone(),
+            admin: self.admin.clone(),
+            webhook,
+            service_account_key: self.service_account_key.clone(),
+            service_account_pub: self.service_account_pub.clone(),
+        }
     }
 
     /// Issues a serving certificate for the given `subjectAltName` entries (`IP:…`, `DNS:…`),

@@ -1,7 +1,10 @@
 //! Finds the control-plane binaries built by `hack/testbin`, building them first when missing.
+//! A cache entry is laid out as a [`Bundle`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use bootsman_controlplane::Bundle;
 
 use crate::error::{Error, Result};
 
@@ -12,9 +15,13 @@ pub fn repo_root() -> PathBuf {
 
 /// The binaries and CAPI manifests of one `hack/testbin` cache entry.
 #[derive(Clone, Debug)]
-pub struct Testbin {
-    /// The cache entry, e.g. `~/.cache/bootsman/testbin/<versions>/`.
-    pub dir: PathBuf,
+pub struct Testbin(Bundle);
+
+impl std::ops::Deref for Testbin {
+    type Target = Bundle;
+    fn deref(&self) -> &Bundle {
+        &self.0
+    }
 }
 
 impl Testbin {
@@ -23,12 +30,11 @@ impl Testbin {
     /// minutes on a cold machine; its progress is printed).
     pub fn locate() -> Result<Self> {
         if let Some(dir) = std::env::var_os("BOOTSMAN_TESTBIN") {
-            let t = Self { dir: dir.into() };
-            return t.verify();
+            return Self::open(dir.into());
         }
         let script = repo_root().join("hack/testbin");
         if let Some(dir) = print_dir(&script)? {
-            return Self { dir }.verify();
+            return Self::open(dir);
         }
         eprintln!(
             "testenv: control-plane binaries missing; running {} (first run only)",
@@ -49,7 +55,7 @@ impl Testbin {
             });
         }
         match print_dir(&script)? {
-            Some(dir) => Self { dir }.verify(),
+            Some(dir) => Self::open(dir),
             None => Err(Error::Command {
                 what: format!("{} --print-dir", script.display()),
                 detail: "still incomplete after a successful build".into(),
@@ -57,54 +63,11 @@ impl Testbin {
         }
     }
 
-    /// Path of one binary.
-    pub fn bin(&self, name: &str) -> PathBuf {
-        self.dir.join("bin").join(name)
-    }
-
-    /// Folder of the Cluster API CRDs.
-    pub fn capi_crds(&self) -> PathBuf {
-        self.dir.join("crds/capi")
-    }
-
-    /// Folder of clusterctl's provider inventory CRD.
-    pub fn clusterctl_crds(&self) -> PathBuf {
-        self.dir.join("crds/clusterctl")
-    }
-
-    /// The Cluster API version of this cache entry (`v1.13.6`), from its `VERSIONS` file.
-    pub fn capi_version(&self) -> Result<String> {
-        let path = self.dir.join("VERSIONS");
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::Invalid {
-            what: path.display().to_string(),
-            detail: e.to_string(),
-        })?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("sigs.k8s.io/cluster-api="))
-            .map(String::from)
-            .ok_or_else(|| Error::Invalid {
-                what: path.display().to_string(),
-                detail: "no sigs.k8s.io/cluster-api= line".into(),
-            })
-    }
-
-    /// The webhook manifest of one Cluster API manager (`core`, `bootstrap`, `controlplane`).
-    pub fn capi_webhooks(&self, manager: &str) -> PathBuf {
-        self.dir
-            .join("crds/capi-webhooks")
-            .join(format!("{manager}.yaml"))
-    }
-
-    fn verify(self) -> Result<Self> {
-        for b in ["etcd", "kube-apiserver", "kube-controller-manager"] {
-            if !self.bin(b).is_file() {
-                return Err(Error::Invalid {
-                    what: format!("testbin {}", self.dir.display()),
-                    detail: format!("{b} is missing; run hack/testbin"),
-                });
-            }
-        }
-        Ok(self)
+    fn open(dir: PathBuf) -> Result<Self> {
+        Bundle::open(dir).map(Self).map_err(|e| Error::Invalid {
+            what: "hack/testbin".into(),
+            detail: format!("{e}; run hack/testbin"),
+        })
     }
 }
 

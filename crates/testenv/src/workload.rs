@@ -25,9 +25,13 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use bootsman_controlplane::{
+    ApiserverFlags, CertPair, client_from, etcd_flags, free_port, process, wait_for_readyz, write_kubeconfig,
+};
+
+use crate::Testbin;
 use crate::error::{self, Error, Result};
-use crate::pki::{self, CertPair};
-use crate::{ApiserverFlags, Testbin, client_from, etcd_flags, process, wait_for_readyz, write_kubeconfig};
+use crate::pki;
 
 const MANAGER: &str = "bootsman-testenv";
 
@@ -98,7 +102,8 @@ impl Workload {
         pki::key_pair(&sa_key, &sa_pub)?;
 
         let mut components = Vec::new();
-        let (etcd_args, etcd_url) = etcd_flags("workload", &dir.join("etcd"))?;
+        let (mut etcd_args, etcd_url) = etcd_flags("workload", &dir.join("etcd"), free_port()?, free_port()?);
+        etcd_args.push("--unsafe-no-fsync=true".into());
         components.push(process::Component::spawn(
             "workload-etcd",
             &testbin.bin("etcd"),
@@ -128,7 +133,7 @@ impl Workload {
         )?);
         let url = format!("https://{}:{}", ep.host, ep.port);
         let kubeconfig = dir.join("workload-admin.kubeconfig");
-        write_kubeconfig(&kubeconfig, &url, &ca.cert, &admin)?;
+        write_kubeconfig(&kubeconfig, cluster, &url, &ca.cert, &admin)?;
         let workload = Self {
             namespace: namespace.into(),
             cluster: cluster.into(),

@@ -1,4 +1,5 @@
-//! Installing CRDs from YAML files and waiting until the API server serves them.
+//! Reading manifests (multi-document YAML) and installing CRDs, waiting until the API server
+//! serves them.
 
 use std::path::Path;
 use std::time::Duration;
@@ -50,7 +51,7 @@ pub fn read_file(path: &Path) -> Result<Vec<serde_json::Value>> {
 /// Applies the CRDs (server-side apply) and waits until each one is Established.
 pub async fn install(client: &kube::Client, crds: &[CustomResourceDefinition]) -> Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let pp = PatchParams::apply("bootsman-testenv").force();
+    let pp = PatchParams::apply(crate::FIELD_MANAGER).force();
     for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(&name, &pp, &Patch::Apply(crd))

@@ -1,6 +1,7 @@
-//! Child processes of the environment: started with their output in a log file, killed when the
-//! environment is dropped, and killed by the kernel when the test process dies for any reason
-//! (including a panic or a signal), so no component is ever left behind.
+//! Child processes of a control plane: started with their output in a log file, killed when the
+//! control plane is dropped, and killed by the kernel when the process that started them dies for
+//! any reason (a panic, a signal, `kill -9`), so no component is ever left behind: a control plane
+//! that was not stopped is restarted from its folder, never found half-running.
 //!
 //! The kernel guarantee comes from `setpriv --pdeathsig KILL`: the child gets SIGKILL when the
 //! thread that spawned it exits. Every child is therefore spawned from one spawner thread that
@@ -22,7 +23,7 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
     SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
         std::thread::Builder::new()
-            .name("testenv-spawner".into())
+            .name("controlplane-spawner".into())
             .spawn(move || {
                 for (mut cmd, reply) in rx {
                     let _ = reply.send(cmd.spawn());
@@ -30,7 +31,7 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
                 // The sender lives in a static, so this loop never ends before the process does.
             })
             .map(|_| ())
-            .unwrap_or_else(|e| eprintln!("testenv: cannot start the spawner thread: {e}"));
+            .unwrap_or_else(|e| eprintln!("controlplane: cannot start the spawner thread: {e}"));
         Mutex::new(tx)
     })
 }

@@ -1,6 +1,7 @@
 //! The Cluster API managers (core, kubeadm bootstrap, kubeadm control plane), run as local
-//! processes against the test API server, with their admission and conversion webhooks served on
-//! loopback and registered by URL (the way controller-runtime's envtest does it).
+//! processes against the local API server, with their admission and conversion webhooks served on
+//! loopback and registered by URL (the way controller-runtime's envtest does it), and the Cluster
+//! API CRDs labelled and inventoried as `clusterctl init` leaves them.
 
 use std::time::{Duration, Instant};
 
@@ -10,8 +11,10 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::error::{Error, Result, io, kube};
-use crate::{Pki, TestEnv, crds, free_port, process::Component};
+use crate::bundle::Bundle;
+use crate::error::{Result, io, kube};
+use crate::pki::CertPair;
+use crate::{FIELD_MANAGER, manifests, process::Component};
 
 /// One manager: its binary, the CRD groups whose conversions it serves, and its webhook manifest.
 struct Manager {
@@ -38,21 +41,15 @@ const MANAGERS: [Manager; 3] = [
     },
 ];
 
-/// Loopback ports of the three managers, chosen before the CRDs are installed so the
+/// Loopback ports of the three managers: `webhook[i]` and `health[i]` of manager `i` (core,
+/// kubeadm bootstrap, kubeadm control plane), chosen before the CRDs are installed so the
 /// conversion webhooks can point at them.
-#[derive(Debug)]
-pub(crate) struct Ports {
-    webhook: [u16; 3],
-    health: [u16; 3],
-}
-
-impl Ports {
-    pub(crate) fn allocate() -> Result<Self> {
-        Ok(Self {
-            webhook: [free_port()?, free_port()?, free_port()?],
-            health: [free_port()?, free_port()?, free_port()?],
-        })
-    }
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Ports {
+    /// Webhook servers.
+    pub webhook: [u16; 3],
+    /// Health probes (`/readyz`).
+    pub health: [u16; 3],
 }
 
 /// Which manager converts a CRD of this group.
@@ -68,9 +65,9 @@ fn manager_for_group(group: &str) -> usize {
 pub(crate) fn route_conversion_to_managers(
     crds: &mut [apiext::CustomResourceDefinition],
     ports: &Ports,
-    pki: &Pki,
+    server_ca: &std::path::Path,
 ) -> Result<()> {
-    let ca = std::fs::read(&pki.server_ca.cert).map_err(io("read server CA", &pki.server_ca.cert))?;
+    let ca = std::fs::read(server_ca).map_err(io("read server CA", server_ca))?;
     for crd in crds.iter_mut().filter(|c| c.spec.versions.len() > 1) {
         let port = ports.webhook[manager_for_group(&crd.spec.group)];
         crd.spec.conversion = Some(apiext::CustomResourceConversion {
@@ -98,18 +95,37 @@ pub(crate) fn serve_storage_version_only(crds: &mut [apiext::CustomResourceDefin
     }
 }
 
+/// Where the managers run from and what they use.
+pub(crate) struct Setup<'a> {
+    pub bundle: &'a Bundle,
+    /// The control plane's folder (the webhook certificates go under it).
+    pub dir: &'a std::path::Path,
+    pub logs: &'a std::path::Path,
+    pub kubeconfig: &'a std::path::Path,
+    /// Serving certificate of the webhooks on loopback.
+    pub webhook: &'a CertPair,
+    pub server_ca: &'a std::path::Path,
+    pub ports: &'a Ports,
+}
+
 /// Starts the three managers, waits until each one's webhook server is ready, then registers
 /// their admission webhooks.
-pub(crate) async fn start(env: &TestEnv, ports: &Ports, client: &kube::Client) -> Result<Vec<Component>> {
-    let certs = env.dir().join("capi-webhook-certs");
+pub(crate) async fn start(setup: &Setup<'_>, client: &kube::Client) -> Result<Vec<Component>> {
+    let Setup {
+        bundle,
+        dir,
+        logs,
+        kubeconfig,
+        webhook,
+        server_ca,
+        ports,
+    } = setup;
+    let certs = dir.join("capi-webhook-certs");
     std::fs::create_dir_all(&certs).map_err(io("create", &certs))?;
-    let serving = env
-        .pki()
-        .serving("capi-webhook", &["IP:127.0.0.1", "DNS:localhost"])?;
-    for (from, to) in [(&serving.cert, "tls.crt"), (&serving.key, "tls.key")] {
+    for (from, to) in [(&webhook.cert, "tls.crt"), (&webhook.key, "tls.key")] {
         std::fs::copy(from, certs.join(to)).map_err(io("copy webhook certificate", certs.join(to)))?;
     }
-    let kubeconfig = env.kubeconfig().to_string_lossy().to_string();
+    let kubeconfig = kubeconfig.to_string_lossy().to_string();
 
     let mut started = Vec::new();
     for (i, m) in MANAGERS.iter().enumerate() {
@@ -121,14 +137,8 @@ pub(crate) async fn start(env: &TestEnv, ports: &Ports, client: &kube::Client) -
             "--diagnostics-address=0".into(),
             format!("--kubeconfig={kubeconfig}"),
         ];
-        let log = env.log_dir().join(format!("{}.log", m.name));
-        let binary = env.testbin().bin(m.binary);
-        if !binary.is_file() {
-            return Err(Error::Invalid {
-                what: format!("Cluster API manager {}", m.name),
-                detail: format!("{} is missing; run hack/testbin", binary.display()),
-            });
-        }
+        let log = logs.join(format!("{}.log", m.name));
+        let binary = bundle.require(m.binary)?;
         started.push(Component::spawn(
             m.name,
             &binary,
@@ -140,12 +150,11 @@ pub(crate) async fn start(env: &TestEnv, ports: &Ports, client: &kube::Client) -
     for (i, c) in started.iter().enumerate() {
         wait_ready(c, ports.health[i]).await?;
     }
-    let ca =
-        std::fs::read(&env.pki().server_ca.cert).map_err(io("read server CA", &env.pki().server_ca.cert))?;
+    let ca = std::fs::read(server_ca).map_err(io("read server CA", *server_ca))?;
     for (i, m) in MANAGERS.iter().enumerate() {
         register_webhooks(
             client,
-            &env.testbin().capi_webhooks(m.manifest),
+            &bundle.capi_webhooks(m.manifest),
             m.name,
             ports.webhook[i],
             &ca,
@@ -193,9 +202,9 @@ async fn register_webhooks(
     port: u16,
     ca: &[u8],
 ) -> Result<()> {
-    let pp = PatchParams::apply("bootsman-testenv").force();
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
     let ca_bundle = serde_json::to_value(ByteString(ca.to_vec())).unwrap_or_default();
-    for mut doc in crds::read_file(manifest)? {
+    for mut doc in manifests::read_file(manifest)? {
         let kind = doc
             .get("kind")
             .and_then(|k| k.as_str())
@@ -318,7 +327,7 @@ pub(crate) async fn write_inventory(client: &kube::Client, capi_version: &str) -
         "v1alpha3",
         "Provider",
     ));
-    let pp = PatchParams::apply("bootsman-testenv").force();
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
     for (name, provider, type_, ns, _) in INVENTORY {
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
         let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
