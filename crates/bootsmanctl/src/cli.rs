@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use crate::{diagnose, hosts, rehome, site, status, token};
+use crate::{bootstrap, diagnose, hosts, install, rehome, site, status, token};
 
 /// Command-line tool of Bootsman.
 #[derive(Debug, Parser)]
@@ -25,10 +25,12 @@ pub struct Cli {
 pub enum Command {
     /// Print a commented example Site file for `install`.
     Init,
-    /// Install a site from its Site file. `--validate` runs the preflight checks (the file, this
+    /// Install a site from its Site file: preflight, the bootstrap control plane
+    /// `<site>-control-plane` with Bootsman's controllers, host enrolment. Every step is
+    /// re-runnable from the state folder. `--validate` runs the preflight checks (the file, this
     /// machine's address and port, the registry) and starts nothing; `--dry-run` runs them and
     /// prints the install's plan, marking the steps a saved state says are done.
-    #[command(group(clap::ArgGroup::new("mode").required(true).args(["validate", "dry_run"])))]
+    #[command(group(clap::ArgGroup::new("mode").args(["validate", "dry_run"])))]
     Install {
         /// The Site file.
         #[arg(long, short = 'f')]
@@ -42,6 +44,17 @@ pub enum Command {
         /// `table` for people, `json` for scripts (findings and plan).
         #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
         output: Output,
+        /// The bundle the bootstrap control plane runs from: `bin/` (etcd, kube-apiserver,
+        /// kube-controller-manager, helm, the Cluster API managers, and bootsman-provider and
+        /// bootsman-operator unless they sit next to bootsmanctl) and `crds/`.
+        #[arg(long, env = "BOOTSMAN_BUNDLE")]
+        bundle: Option<PathBuf>,
+        /// The Bootsman chart (a folder); `<bundle>/charts/bootsman` when not set.
+        #[arg(long, env = "BOOTSMAN_CHART")]
+        chart: Option<PathBuf>,
+        /// Lifetime of each host's enrolment token.
+        #[arg(long, default_value = "24h")]
+        token_ttl: String,
     },
     /// Manage the hosts of a pool.
     #[command(subcommand)]
@@ -276,11 +289,32 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
         Command::Init => out.write_all(site::EXAMPLE.as_bytes())?,
         Command::Install {
             file,
-            validate: _,
+            validate,
             dry_run,
             output,
+            bundle,
+            chart,
+            token_ttl,
         } => {
             let s = site::load(&file)?;
+            if !validate && !dry_run {
+                let token_ttl = token::parse_duration("--token-ttl", &token_ttl)?;
+                let Some(bundle) = bundle else {
+                    anyhow::bail!(
+                        "--bundle: the folder the bootstrap control plane runs from (bin/, crds/) is required \
+                         (or BOOTSMAN_BUNDLE); hack/testbin --print-dir names a development one"
+                    );
+                };
+                let chart = chart.unwrap_or_else(|| bundle.join("charts/bootsman"));
+                if !chart.join("Chart.yaml").is_file() {
+                    anyhow::bail!("--chart: {} holds no Chart.yaml", chart.display());
+                }
+                let opts = install::Options {
+                    sources: bootstrap::Sources { bundle, chart },
+                    token_ttl,
+                };
+                return install::run(&s, &opts, out).await;
+            }
             let mut findings = site::check(&s);
             findings.extend(site::probe(&s));
             let plan = site::plan(&s, &site::State::load(&s)?);

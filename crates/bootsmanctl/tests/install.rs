@@ -122,10 +122,20 @@ async fn a_sound_site_passes_preflight_and_dry_run_prints_the_plan() {
     assert_eq!(doc["plan"][2]["done"], false);
     assert_eq!(std::fs::read_dir(case.state()).expect("state").count(), 1);
 
-    // The executing install is not in this build: a mode must be chosen.
-    let (r, _) = bootsmanctl(&["install", "-f", path(&file)]).await;
-    let e = format!("{:#}", r.expect_err("a mode is required"));
-    assert!(e.contains("--validate") && e.contains("--dry-run"), "{e}");
+    // The executing install needs a bundle to run from, and says which flag is wrong.
+    let chart = bootsman_testenv::repo_root().join("charts/bootsman");
+    let (r, _) = bootsmanctl(&[
+        "install",
+        "-f",
+        path(&file),
+        "--bundle",
+        "/nonexistent/bundle",
+        "--chart",
+        path(&chart),
+    ])
+    .await;
+    let e = format!("{:#}", r.expect_err("no bundle there"));
+    assert!(e.contains("--bundle") && e.contains("etcd is missing"), "{e}");
 }
 
 #[tokio::test]
@@ -211,4 +221,200 @@ async fn preflight_refuses_with_field_and_rule_and_starts_nothing() {
     );
     assert!(!case.state().exists(), "nothing written");
     drop(busy);
+}
+
+/// Waits until `log` contains `text`; fails with the log when `child` exits first or after
+/// `secs` seconds.
+fn wait_for_log(child: &mut std::process::Child, log: &Path, text: &str, secs: u64) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let now = std::fs::read_to_string(log).unwrap_or_default();
+        if now.contains(text) {
+            return now;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("bootsmanctl install exited ({status}) before printing {text:?}:\n{now}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {text:?} from bootsmanctl install within {secs}s:\n{now}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// A running `bootsmanctl install`, killed when the test ends however it ends.
+struct Install(std::process::Child);
+
+impl Drop for Install {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_install(file: &Path, bundle: &Path, log: &Path) -> Install {
+    let out = std::fs::File::create(log).expect("log");
+    let err = out.try_clone().expect("log");
+    std::process::Command::new(env!("CARGO_BIN_EXE_bootsmanctl"))
+        .args(["install", "-f", path(file), "--bundle", path(bundle), "--chart"])
+        .arg(bootsman_testenv::repo_root().join("charts/bootsman"))
+        .env_remove("KUBECONFIG")
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map(Install)
+        .expect("start bootsmanctl install")
+}
+
+fn api_answers(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+/// The install for real: the bootstrap control plane comes up with Bootsman's controllers,
+/// prints a pinned token per host, labels the hosts that enrol with them (real `byoh-agent`
+/// processes), and records its steps. A second install of the site is refused while the first
+/// runs. After `kill -9` nothing of it is left running; the next install continues from the
+/// saved state (the same CA, the same objects, the enrolled hosts), and SIGTERM stops it cleanly.
+#[tokio::test]
+async fn install_brings_up_the_bootstrap_side_enrols_hosts_and_continues_after_kill_9() {
+    let case = Case::new("run");
+    let registry = TcpListener::bind("127.0.0.1:0").expect("registry stand-in");
+    let reg = registry.local_addr().expect("addr").to_string();
+    let port = bootsman_testenv::free_port().expect("a free port");
+    let file = case.site(port, &reg, |t| t);
+    let bundle = bootsman_testenv::Testbin::locate()
+        .expect("control-plane binaries (hack/testbin)")
+        .dir
+        .clone();
+
+    let log1 = case.dir.join("install-1.log");
+    let mut first = spawn_install(&file, &bundle, &log1);
+    let out = wait_for_log(&mut first.0, &log1, "waiting for 3 infrastructure hosts", 300);
+    assert!(
+        out.contains("started: dc1-control-plane at https://127.0.0.1:"),
+        "{out}"
+    );
+    assert!(
+        out.contains("bootsman-provider and bootsman-operator running"),
+        "{out}"
+    );
+    for h in ["srv-01", "srv-02", "srv-03", "srv-04"] {
+        assert!(
+            out.contains(&format!("{h}: install -m 0600 ")),
+            "no command for {h}:\n{out}"
+        );
+    }
+
+    // One install per site at a time.
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_bootsmanctl"))
+        .args(["install", "-f", path(&file), "--bundle", path(&bundle), "--chart"])
+        .arg(bootsman_testenv::repo_root().join("charts/bootsman"))
+        .output()
+        .expect("second install");
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("another bootsmanctl install of site dc1 runs"),
+        "{err}"
+    );
+
+    // Three servers enrol with the tokens the install printed.
+    let pool = "bootsman-hosts";
+    let mut agents = Vec::new();
+    for name in ["srv-01", "srv-02", "srv-03"] {
+        let mut host = bootsman_fixtures::agent::Host::at(case.dir.join(name), name, pool);
+        host.bootstrap_kubeconfig = Some(case.state().join(format!("enrol/{name}.kubeconfig")));
+        host.start(&[]);
+        agents.push(host);
+    }
+    let out = wait_for_log(
+        &mut first.0,
+        &log1,
+        "3 of 3 infrastructure hosts enrolled and labelled",
+        180,
+    );
+    assert!(
+        out.contains("host srv-01 enrolled; labelled bootsman.io/infrastructure=true"),
+        "{out}"
+    );
+    assert!(out.contains("keeps serving at https://127.0.0.1:"), "{out}");
+    let kubeconfig = case.state().join("bootstrap/admin.kubeconfig");
+    let client = bootsman_controlplane::client_from(&kubeconfig)
+        .await
+        .expect("admin client");
+    let hosts: kube::Api<bootsman_api::v1beta1::ByoHost> = kube::Api::namespaced(client, pool);
+    let labelled = hosts
+        .list(&kube::api::ListParams::default().labels("bootsman.io/infrastructure=true"))
+        .await
+        .expect("ByoHosts");
+    assert_eq!(labelled.items.len(), 3);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(case.state().join("state.json")).expect("state.json"))
+            .expect("json");
+    assert_eq!(
+        state["done"],
+        serde_json::json!(["preflight", "bootstrap", "enrol"])
+    );
+    // A spent token's kubeconfig is removed; srv-04 has not enrolled and keeps its own.
+    assert!(!case.state().join("enrol/srv-01.kubeconfig").exists());
+    assert!(case.state().join("enrol/srv-04.kubeconfig").exists());
+    let ca = std::fs::read(case.state().join("bootstrap/pki/server-ca.crt")).expect("CA");
+
+    // kill -9: the control plane and the controllers die with it.
+    first.0.kill().expect("kill -9");
+    first.0.wait().expect("reaped");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while api_answers(port) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bootstrap API server outlived a kill -9 of install"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
+    // The next install continues: same CA, same objects, the enrolled hosts are known.
+    let log2 = case.dir.join("install-2.log");
+    let mut again = spawn_install(&file, &bundle, &log2);
+    let out = wait_for_log(&mut again.0, &log2, "keeps serving at", 300);
+    assert!(
+        out.contains("restarted from its saved state: dc1-control-plane"),
+        "{out}"
+    );
+    assert!(
+        out.contains("3 of 3 infrastructure hosts enrolled and labelled"),
+        "{out}"
+    );
+    assert!(
+        out.contains("srv-04: install -m 0600") && out.contains("(token issued by an earlier run)"),
+        "{out}"
+    );
+    assert!(!out.contains("srv-01: install"), "{out}");
+    assert_eq!(
+        std::fs::read(case.state().join("bootstrap/pki/server-ca.crt")).expect("CA"),
+        ca,
+        "the bootstrap CA changed across runs"
+    );
+    for a in &mut agents {
+        assert!(a.is_running(), "agent {} stopped:\n{}", a.name, a.log());
+    }
+
+    // SIGTERM: a clean stop, nothing left listening.
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &again.0.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = again.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "install did not stop on SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(status.success(), "install exited with {status} on SIGTERM");
+    assert!(!api_answers(port), "the API server outlived the install");
+    drop(agents);
 }

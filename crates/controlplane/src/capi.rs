@@ -3,13 +3,10 @@
 //! loopback and registered by URL (the way controller-runtime's envtest does it), and the Cluster
 //! API CRDs labelled and inventoried as `clusterctl init` leaves them.
 
-use std::time::{Duration, Instant};
-
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::bundle::Bundle;
 use crate::error::{Result, io, kube};
@@ -148,7 +145,7 @@ pub(crate) async fn start(setup: &Setup<'_>, client: &kube::Client) -> Result<Ve
         )?);
     }
     for (i, c) in started.iter().enumerate() {
-        wait_ready(c, ports.health[i]).await?;
+        c.wait_ready(ports.health[i]).await?;
     }
     let ca = std::fs::read(server_ca).map_err(io("read server CA", *server_ca))?;
     for (i, m) in MANAGERS.iter().enumerate() {
@@ -162,35 +159,6 @@ pub(crate) async fn start(setup: &Setup<'_>, client: &kube::Client) -> Result<Ve
         .await?;
     }
     Ok(started)
-}
-
-async fn wait_ready(c: &Component, health_port: u16) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        c.check_running()?;
-        if http_ok(health_port, "/readyz").await {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(c.failed("did not become ready (/readyz)"));
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-/// A plain-HTTP GET on loopback that reports whether the status is 200.
-async fn http_ok(port: u16, path: &str) -> bool {
-    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-        return false;
-    };
-    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-    if s.write_all(req.as_bytes()).await.is_err() {
-        return false;
-    }
-    let mut buf = vec![0u8; 64];
-    let n = s.read(&mut buf).await.unwrap_or(0);
-    String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200")
-        || String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.0 200")
 }
 
 /// Applies one manager's webhook configurations with every `clientConfig.service` replaced by a

@@ -141,6 +141,22 @@ impl Component {
         }
     }
 
+    /// Waits until the component answers a plain-HTTP `GET /readyz` on loopback `port` with 200;
+    /// fails with its log tail when it stops or after two minutes.
+    pub async fn wait_ready(&self, port: u16) -> Result<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            self.check_running()?;
+            if http_ok(port, "/readyz").await {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(self.failed("did not become ready (/readyz)"));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    }
+
     /// Kills the process and reaps it.
     pub fn stop(&self) {
         if let Ok(mut guard) = self.child.lock()
@@ -170,4 +186,20 @@ pub fn tail(path: &Path, lines: usize) -> String {
     let buf = String::from_utf8_lossy(&bytes);
     let all: Vec<&str> = buf.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A plain-HTTP GET on loopback that reports whether the status is 200.
+async fn http_ok(port: u16, path: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut buf = vec![0u8; 64];
+    let n = s.read(&mut buf).await.unwrap_or(0);
+    let head = String::from_utf8_lossy(&buf[..n]);
+    head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200")
 }

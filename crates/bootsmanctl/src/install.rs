@@ -1,0 +1,364 @@
+//! `bootsmanctl install -f site.yaml`: the install of a site, step by step (see
+//! [`crate::site::plan`]), each step re-runnable from the state folder: a second `install` after
+//! a crash, a Ctrl-C or a `kill -9` at any point continues where the first one stopped.
+//!
+//! 1. **preflight**: the Site file and this machine ([`crate::site::check`], [`crate::site::probe`]);
+//! 2. **bootstrap**: the bootstrap control plane `<site>-control-plane` and Bootsman's controllers
+//!    next to it ([`crate::bootstrap`]), started again on every run from the saved folder;
+//! 3. **enrol**: the pool namespace; a one-time token pinned to each Site host that has not
+//!    enrolled (its bootstrap kubeconfig under `<state>/enrol/<host>.kubeconfig`, kept across
+//!    runs while the token lives); the commands to run on each server; then it waits until the
+//!    infrastructure hosts have registered, and sets each enrolled host's Site labels on its
+//!    ByoHost (placement labels are the admin's, never the host's).
+//!
+//! The steps after these (the infrastructure cluster, its controllers, the pivot, the teardown)
+//! are not in this release: `install` says so and keeps the bootstrap control plane serving, a
+//! working management cluster, until Ctrl-C or SIGTERM.
+//!
+//! One `install` runs per site at a time (a lock on `<state>/install.lock`); the steps done are
+//! recorded in `<state>/state.json`, written atomically.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bootsman_api::v1beta1::ByoHost;
+use bootsman_runtime::fs::replace_file;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+
+use crate::bootstrap::{self, Bootstrap, Sources};
+use crate::site::{self, Site, State};
+use crate::token;
+
+/// Field manager of what `install` writes.
+pub const MANAGER: &str = "bootsmanctl-install";
+
+/// How the install runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Programs and chart.
+    pub sources: Sources,
+    /// Lifetime of each host's enrolment token.
+    pub token_ttl: Duration,
+}
+
+/// Runs the install of `site` as far as this release goes, then serves until a signal.
+pub async fn run(site: &Site, opts: &Options, out: &mut impl Write) -> anyhow::Result<()> {
+    let state_dir = site.state_dir();
+    std::fs::create_dir_all(&state_dir).with_context(|| format!("create {}", state_dir.display()))?;
+    let _lock = lock(&state_dir, site)?;
+    let mut state = State::load(site)?;
+    let started = Instant::now();
+    let say = |out: &mut dyn Write, step: &str, msg: &str| {
+        let _ = writeln!(out, "[{:5}s] {step:<10} {msg}", started.elapsed().as_secs());
+        let _ = out.flush();
+    };
+
+    let mut findings = site::check(site);
+    findings.extend(site::probe(site));
+    if !findings.is_empty() {
+        for f in &findings {
+            writeln!(out, "{f}")?;
+        }
+        anyhow::bail!(
+            "preflight refused site {} ({} finding{}); nothing was started",
+            site.metadata.name,
+            findings.len(),
+            if findings.len() == 1 { "" } else { "s" }
+        );
+    }
+    say(out, "preflight", "passed");
+    mark(&mut state, site, "preflight")?;
+
+    say(
+        out,
+        "bootstrap",
+        &format!(
+            "starting {} (state in {})",
+            site.bootstrap_name(),
+            state_dir.display()
+        ),
+    );
+    let boot = bootstrap::start(site, &opts.sources, &mut |m| say(out, "bootstrap", m)).await?;
+    mark(&mut state, site, "bootstrap")?;
+    say(
+        out,
+        "bootstrap",
+        &format!("admin kubeconfig: {}", boot.kubeconfig().display()),
+    );
+
+    enrol(site, &boot, opts, &mut |m| say(out, "enrol", m)).await?;
+    mark(&mut state, site, "enrol")?;
+
+    say(
+        out,
+        "infrastructure",
+        &format!(
+            "the next step (the infrastructure cluster {}) is not in this release of bootsmanctl; the bootstrap \
+             control plane {} keeps serving at {} until Ctrl-C (KUBECONFIG={})",
+            site.infrastructure_name(),
+            site.bootstrap_name(),
+            boot.server,
+            boot.kubeconfig().display()
+        ),
+    );
+    serve(&boot).await?;
+    say(
+        out,
+        "stop",
+        "signal received; the bootstrap control plane stops (its state is kept)",
+    );
+    Ok(())
+}
+
+/// Serves until SIGINT or SIGTERM; fails if a component stops.
+async fn serve(boot: &Bootstrap) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+            () = tokio::time::sleep(Duration::from_secs(2)) => boot.cp.check_running()?,
+        }
+    }
+}
+
+/// Takes the site's install lock, or says which process holds it.
+fn lock(dir: &Path, site: &Site) -> anyhow::Result<std::fs::File> {
+    let path = dir.join("install.lock");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => {
+            f.set_len(0)?;
+            writeln!(f, "{}", std::process::id())?;
+            Ok(f)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            anyhow::bail!(
+                "another bootsmanctl install of site {} runs (pid {}); one install per site at a time",
+                site.metadata.name,
+                holder.trim()
+            )
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("lock {}", path.display())),
+    }
+}
+
+/// Records step `name` as done (once), atomically.
+fn mark(state: &mut State, site: &Site, name: &str) -> anyhow::Result<()> {
+    if state.done.iter().any(|d| d == name) {
+        return Ok(());
+    }
+    state.done.push(name.to_string());
+    let path = site.state_dir().join("state.json");
+    replace_file(&path, &serde_json::to_vec_pretty(state)?, 0o600)
+        .with_context(|| format!("write {}", path.display()))
+}
+
+/// The enrolment step (see the module header).
+async fn enrol(
+    site: &Site,
+    boot: &Bootstrap,
+    opts: &Options,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
+    let client = boot.cp.client().await?;
+    let pool = &site.spec.pool;
+    let pp = PatchParams::apply(MANAGER).force();
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            pool,
+            &pp,
+            &Patch::Apply(
+                serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": pool}}),
+            ),
+        )
+        .await
+        .with_context(|| format!("create the pool namespace {pool}"))?;
+    let hosts: Api<ByoHost> = Api::namespaced(client.clone(), pool);
+    let want = site.spec.infrastructure.control_plane.replicas as usize;
+    let infra: BTreeSet<&str> = site
+        .infrastructure_hosts()
+        .iter()
+        .map(|h| h.name.as_str())
+        .collect();
+
+    let before = registered(&hosts).await?;
+    let dir = site.state_dir().join("enrol");
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut waiting = Vec::new();
+    for h in &site.spec.hosts {
+        if before.contains(&h.name) {
+            continue;
+        }
+        let file = dir.join(format!("{}.kubeconfig", h.name));
+        let fresh = ensure_token(&client, boot, site, &h.name, &file, opts.token_ttl).await?;
+        waiting.push((h.name.clone(), file, fresh));
+    }
+    if !waiting.is_empty() {
+        say(&format!(
+            "on each server below, install the byoh-agent package, then (as root):\n{}",
+            waiting
+                .iter()
+                .map(|(name, file, fresh)| format!(
+                    "             {name}: install -m 0600 {} /etc/byoh-agent/bootstrap-kubeconfig && sed -i \
+                     's/--namespace default/--namespace {pool} --name {name}/' /etc/byoh-agent/byoh-agent.env && \
+                     systemctl enable --now byoh-agent{}",
+                    file.display(),
+                    if *fresh { "" } else { "   (token issued by an earlier run)" }
+                ))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ));
+    }
+    say(&format!(
+        "waiting for {want} infrastructure hosts of {} in pool {pool}",
+        infra.iter().copied().collect::<Vec<_>>().join(", ")
+    ));
+
+    let mut labelled: BTreeSet<String> = BTreeSet::new();
+    loop {
+        boot.cp.check_running()?;
+        let now = registered(&hosts).await?;
+        for h in site.spec.hosts.iter().filter(|h| now.contains(&h.name)) {
+            if labelled.contains(&h.name) {
+                continue;
+            }
+            set_labels(&hosts, &h.name, &h.labels).await?;
+            labelled.insert(h.name.clone());
+            let _ = std::fs::remove_file(dir.join(format!("{}.kubeconfig", h.name)));
+            say(&format!(
+                "host {} enrolled{}",
+                h.name,
+                if h.labels.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; labelled {}",
+                        h.labels
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    )
+                }
+            ));
+        }
+        let ready = infra.iter().filter(|n| labelled.contains(**n)).count();
+        if ready >= want {
+            say(&format!(
+                "{ready} of {want} infrastructure hosts enrolled and labelled"
+            ));
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Names of the ByoHosts in the pool.
+async fn registered(hosts: &Api<ByoHost>) -> anyhow::Result<BTreeSet<String>> {
+    Ok(hosts
+        .list(&ListParams::default())
+        .await
+        .context("list the pool's ByoHosts")?
+        .items
+        .into_iter()
+        .filter_map(|h| h.metadata.name)
+        .collect())
+}
+
+/// Makes sure `file` holds the bootstrap kubeconfig of a live token pinned to `host`: the one
+/// an earlier run wrote while its token Secret exists, else a new one. Returns whether it is new.
+async fn ensure_token(
+    client: &kube::Client,
+    boot: &Bootstrap,
+    site: &Site,
+    host: &str,
+    file: &PathBuf,
+    ttl: Duration,
+) -> anyhow::Result<bool> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), bootsman_api::identity::TOKEN_NAMESPACE);
+    if let Ok(text) = std::fs::read_to_string(file)
+        && let Some(id) = token_id(&text)
+        && secrets
+            .get_opt(&bootsman_api::identity::token_secret_name(&id))
+            .await
+            .context("look up an earlier enrolment token")?
+            .is_some()
+    {
+        return Ok(false);
+    }
+    let req = token::Request {
+        pool: site.spec.pool.clone(),
+        host: Some(host.to_string()),
+        ttl,
+        replace: false,
+    };
+    let t = token::create(client, &req).await?;
+    let text = token::bootstrap_kubeconfig(&boot.server, &boot.ca_pem, &t);
+    replace_file(file, text.as_bytes(), 0o600).with_context(|| format!("write {}", file.display()))?;
+    Ok(true)
+}
+
+/// The token id in a bootstrap kubeconfig this module wrote (`token: <id>.<secret>`).
+fn token_id(kubeconfig: &str) -> Option<String> {
+    kubeconfig.lines().find_map(|l| {
+        let t = l.trim().strip_prefix("token:")?.trim().trim_matches('"');
+        let (id, _) = t.split_once('.')?;
+        Some(id.to_string())
+    })
+}
+
+/// Sets the Site's labels of `host` on its ByoHost (a merge patch: other labels stay).
+async fn set_labels(
+    hosts: &Api<ByoHost>,
+    host: &str,
+    labels: &BTreeMap<String, String>,
+) -> anyhow::Result<()> {
+    if labels.is_empty() {
+        return Ok(());
+    }
+    hosts
+        .patch(
+            host,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": labels}})),
+        )
+        .await
+        .with_context(|| format!("label ByoHost {host}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_token_id_is_read_back_from_a_bootstrap_kubeconfig() {
+        let t = token::Token {
+            id: "abc123".into(),
+            secret: "0123456789abcdef".into(),
+            expiration: k8s_openapi::jiff::Timestamp::now(),
+            pool: "p".into(),
+            host: Some("h".into()),
+            replace: false,
+        };
+        let text = token::bootstrap_kubeconfig("https://10.0.0.5:6443", b"ca", &t);
+        assert_eq!(token_id(&text).as_deref(), Some("abc123"));
+        assert_eq!(token_id("apiVersion: v1\n"), None);
+    }
+}
