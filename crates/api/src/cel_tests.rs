@@ -72,12 +72,20 @@ fn workers_need_at_least_three_replicas_in_total() {
     assert_eq!(
         messages(validate_cel(&c)),
         vec![
-            "the worker pools must have at least 3 replicas in total (rule: worker-replicas-min-3)"
+            "the worker pools must have at least 3 replicas in total, or none when controlPlane.schedulable \
+             is true (rule: worker-replicas-min-3)"
                 .to_string()
         ]
     );
     c.spec.workers = vec![pool("a", 1), pool("b", 2)];
     assert_eq!(messages(validate_cel(&c)), Vec::<String>::new());
+    // None at all only when the control plane takes the workloads; 1 or 2 never.
+    c.spec.workers = vec![pool("a", 0)];
+    assert_eq!(messages(validate_cel(&c)).len(), 1);
+    c.spec.control_plane.schedulable = true;
+    assert_eq!(messages(validate_cel(&c)), Vec::<String>::new());
+    c.spec.workers = vec![pool("a", 2)];
+    assert_eq!(messages(validate_cel(&c)).len(), 1);
 }
 
 #[test]

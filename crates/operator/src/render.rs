@@ -239,7 +239,8 @@ fn owner_reference(bc: &BootsmanCluster) -> Value {
 /// `admin.conf` is not yet bound to any RBAC when kube-vip starts, so kube-vip uses
 /// `super-admin.conf` until `kubeadm init` is done); the image repository; kube-proxy's
 /// conntrack setting (a `KubeProxyConfiguration` appended to the first machine's kubeadm
-/// configuration, which Cluster API has no field for); the node settings.
+/// configuration, which Cluster API has no field for); the node settings; no taints on a
+/// schedulable control plane.
 fn control_plane_kubeadm(bc: &BootsmanCluster, settings: &OperatorSettings) -> Value {
     let spec = &bc.spec;
     let mut out = json!({});
@@ -250,6 +251,12 @@ fn control_plane_kubeadm(bc: &BootsmanCluster, settings: &OperatorSettings) -> V
         let registration = json!({"ignorePreflightErrors": node.ignore_preflight_errors});
         init["nodeRegistration"] = registration.clone();
         join["nodeRegistration"] = registration;
+    }
+    if spec.control_plane.schedulable {
+        // An empty list, not an absent one: kubeadm then registers the node without its
+        // default control-plane NoSchedule taint.
+        init["nodeRegistration"]["taints"] = json!([]);
+        join["nodeRegistration"]["taints"] = json!([]);
     }
     if !node.files.is_empty() {
         init["patches"] = json!({"directory": KUBEADM_PATCHES});

@@ -107,10 +107,11 @@ pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
         }
     }
     let total: i64 = spec.workers.iter().map(|w| i64::from(w.replicas)).sum();
-    if total < 3 {
+    if total < 3 && !(spec.control_plane.schedulable && total == 0) {
         out.push(v(
             "spec.workers",
-            "the worker pools must have at least 3 replicas in total (rule: worker-replicas-min-3)",
+            "the worker pools must have at least 3 replicas in total, or none when controlPlane.schedulable is \
+             true (rule: worker-replicas-min-3)",
         ));
     }
     let net = &spec.network;

@@ -76,6 +76,21 @@ async fn admission_and_the_operator_refuse_the_same_clusters() {
     let cases: Vec<(String, serde_json::Value, &[&str])> = vec![
         ("ok".into(), json!({}), &[]),
         ("c".repeat(49), json!({}), &[]),
+        (
+            "no-workers".into(),
+            json!({"spec": {"workers": [{"name": "default", "replicas": 0}]}}),
+            &["worker-replicas-min-3"],
+        ),
+        (
+            "schedulable-no-workers".into(),
+            json!({"spec": {"controlPlane": {"schedulable": true}, "workers": [{"name": "default", "replicas": 0}]}}),
+            &[],
+        ),
+        (
+            "schedulable-two-workers".into(),
+            json!({"spec": {"controlPlane": {"schedulable": true}, "workers": [{"name": "default", "replicas": 2}]}}),
+            &["worker-replicas-min-3"],
+        ),
         (long.clone(), json!({}), &["cluster-name-length"]),
         (
             "c".repeat(40),

@@ -101,3 +101,8 @@ fn settings_errors_name_the_field() {
         .to_string();
     assert!(err.contains("kubeVipImag"), "{err}");
 }
+
+#[test]
+fn infrastructure() {
+    check("infrastructure");
+}

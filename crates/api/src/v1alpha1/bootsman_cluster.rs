@@ -70,8 +70,12 @@ use serde::{Deserialize, Serialize};
         priority = 1
     )
 )]
-#[x_kube(validation = Rule::new("self.workers.map(w, w.replicas).sum() >= 3")
-    .message("the worker pools must have at least 3 replicas in total (rule: worker-replicas-min-3)")
+#[x_kube(validation = Rule::new(
+    "self.workers.map(w, w.replicas).sum() >= 3 || (has(self.controlPlane.schedulable) && \
+     self.controlPlane.schedulable && self.workers.map(w, w.replicas).sum() == 0)"
+)
+    .message("the worker pools must have at least 3 replicas in total, or none when controlPlane.schedulable \
+              is true (rule: worker-replicas-min-3)")
     .field_path(".workers"))]
 #[x_kube(validation = Rule::new(ENDPOINT_OUTSIDE_CLUSTER_NETWORKS).message(
     "controlPlane.endpoint.host lies inside network.podCIDR or network.serviceCIDR; the endpoint \
@@ -328,6 +332,13 @@ pub struct ControlPlane {
     /// The API server endpoint: a virtual IP held by kube-vip on the control-plane hosts, or
     /// the address of a load balancer of the site.
     pub endpoint: Endpoint,
+
+    /// Run workloads on the control-plane machines too: they register without kubeadm's
+    /// `node-role.kubernetes.io/control-plane:NoSchedule` taint. For a small cluster whose
+    /// control plane carries everything, such as a site's infrastructure cluster (Cluster API
+    /// and Bootsman on three or five hosts); the worker pools may then total 0 replicas.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub schedulable: bool,
 }
 
 /// Where the child cluster's API server is reached.
