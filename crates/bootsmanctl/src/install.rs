@@ -9,11 +9,16 @@
 //!    enrolled (its bootstrap kubeconfig under `<state>/enrol/<host>.kubeconfig`, kept across
 //!    runs while the token lives); the commands to run on each server; then it waits until the
 //!    infrastructure hosts have registered, and sets each enrolled host's Site labels on its
-//!    ByoHost (placement labels are the admin's, never the host's).
+//!    ByoHost (placement labels are the admin's, never the host's);
+//! 4. **infrastructure**: the infrastructure cluster `<site>-infra` as a BootsmanCluster
+//!    ([`Site::infrastructure_cluster`]) in the pool namespace, built by the bootstrap side's
+//!    controllers on the labelled hosts; progress is printed as its status changes; once it is
+//!    `Ready`, its admin kubeconfig goes to `<state>/infrastructure.kubeconfig` and its Nodes are
+//!    checked through it.
 //!
-//! The steps after these (the infrastructure cluster, its controllers, the pivot, the teardown)
-//! are not in this release: `install` says so and keeps the bootstrap control plane serving, a
-//! working management cluster, until Ctrl-C or SIGTERM.
+//! The steps after these (Cluster API and Bootsman as Pods in the infrastructure cluster, the
+//! pivot, the teardown) are not in this release: `install` says so and keeps the bootstrap
+//! control plane serving until Ctrl-C or SIGTERM. Either signal stops it at any step, cleanly.
 //!
 //! One `install` runs per site at a time (a lock on `<state>/install.lock`); the steps done are
 //! recorded in `<state>/state.json`, written atomically.
@@ -24,9 +29,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use bootsman_api::v1alpha1::BootsmanCluster;
 use bootsman_api::v1beta1::ByoHost;
 use bootsman_runtime::fs::replace_file;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 
@@ -46,17 +52,44 @@ pub struct Options {
     pub token_ttl: Duration,
 }
 
-/// Runs the install of `site` as far as this release goes, then serves until a signal.
+/// Runs the install of `site` as far as this release goes, then serves until a signal. SIGINT
+/// or SIGTERM stops it at any step: everything it started stops, the state stays, and the next
+/// `install` continues.
 pub async fn run(site: &Site, opts: &Options, out: &mut impl Write) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
     let state_dir = site.state_dir();
     std::fs::create_dir_all(&state_dir).with_context(|| format!("create {}", state_dir.display()))?;
     let _lock = lock(&state_dir, site)?;
-    let mut state = State::load(site)?;
+    let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
     let started = Instant::now();
-    let say = |out: &mut dyn Write, step: &str, msg: &str| {
-        let _ = writeln!(out, "[{:5}s] {step:<10} {msg}", started.elapsed().as_secs());
-        let _ = out.flush();
+    let stopped = tokio::select! {
+        r = steps(site, opts, started, out) => return r,
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
     };
+    say(
+        out,
+        started,
+        "stop",
+        &format!(
+            "{stopped}: everything this install started has stopped; its state is kept, run install again to continue"
+        ),
+    );
+    Ok(())
+}
+
+/// Prints one progress line: seconds since the start, the step, the message.
+fn say(out: &mut dyn Write, started: Instant, step: &str, msg: &str) {
+    let _ = writeln!(out, "[{:5}s] {step:<10} {msg}", started.elapsed().as_secs());
+    let _ = out.flush();
+}
+
+/// The steps, then serving until the process is stopped.
+async fn steps(site: &Site, opts: &Options, started: Instant, out: &mut impl Write) -> anyhow::Result<()> {
+    let state_dir = site.state_dir();
+    let mut state = State::load(site)?;
+    let say = |out: &mut dyn Write, step: &str, msg: &str| say(out, started, step, msg);
 
     let mut findings = site::check(site);
     findings.extend(site::probe(site));
@@ -94,38 +127,27 @@ pub async fn run(site: &Site, opts: &Options, out: &mut impl Write) -> anyhow::R
     enrol(site, &boot, opts, &mut |m| say(out, "enrol", m)).await?;
     mark(&mut state, site, "enrol")?;
 
+    let kubeconfig = infrastructure(site, &boot, &mut |m| say(out, "infra", m)).await?;
+    mark(&mut state, site, "infrastructure")?;
+
     say(
         out,
-        "infrastructure",
+        "controllers",
         &format!(
-            "the next step (the infrastructure cluster {}) is not in this release of bootsmanctl; the bootstrap \
-             control plane {} keeps serving at {} until Ctrl-C (KUBECONFIG={})",
+            "the next step (Cluster API and Bootsman as Pods in {}) is not in this release of bootsmanctl; the \
+             infrastructure cluster answers with KUBECONFIG={}, and the bootstrap control plane {} keeps serving \
+             at {} until Ctrl-C (KUBECONFIG={})",
             site.infrastructure_name(),
+            kubeconfig.display(),
             site.bootstrap_name(),
             boot.server,
             boot.kubeconfig().display()
         ),
     );
-    serve(&boot).await?;
-    say(
-        out,
-        "stop",
-        "signal received; the bootstrap control plane stops (its state is kept)",
-    );
-    Ok(())
-}
-
-/// Serves until SIGINT or SIGTERM; fails if a component stops.
-async fn serve(boot: &Bootstrap) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
+    // Serve until stopped; a component that dies ends the install with its log.
     loop {
-        tokio::select! {
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
-            () = tokio::time::sleep(Duration::from_secs(2)) => boot.cp.check_running()?,
-        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        boot.cp.check_running()?;
     }
 }
 
@@ -266,6 +288,101 @@ async fn enrol(
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+}
+
+/// The infrastructure step: applies the infrastructure cluster's BootsmanCluster
+/// ([`Site::infrastructure_cluster`]), reports its progress as its status changes, and once it
+/// is `Ready` writes its admin kubeconfig to `<state>/infrastructure.kubeconfig` (0600) and checks
+/// through it that every control-plane Node is `Ready`. Returns the kubeconfig's path.
+async fn infrastructure(site: &Site, boot: &Bootstrap, say: &mut dyn FnMut(&str)) -> anyhow::Result<PathBuf> {
+    let client = boot.cp.client().await?;
+    let name = site.infrastructure_name();
+    let pool = &site.spec.pool;
+    let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), pool);
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(site.infrastructure_cluster()),
+    )
+    .await
+    .with_context(|| format!("apply BootsmanCluster {pool}/{name}"))?;
+    say(&format!(
+        "BootsmanCluster {pool}/{name} applied: {} schedulable control-plane hosts, Kubernetes {}, endpoint {}:{}",
+        site.spec.infrastructure.control_plane.replicas,
+        site.spec.infrastructure.kubernetes_version,
+        site.spec.infrastructure.control_plane.endpoint.host,
+        site.spec.infrastructure.control_plane.endpoint.port
+    ));
+    let mut last = String::new();
+    let secret = loop {
+        boot.cp.check_running()?;
+        let bc = api
+            .get(&name)
+            .await
+            .with_context(|| format!("read BootsmanCluster {pool}/{name}"))?;
+        let status = bc.status.unwrap_or_default();
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+        let cp = status.control_plane.clone().unwrap_or_default();
+        let now = format!(
+            "{} control plane {}/{} ready{}",
+            status
+                .phase
+                .map(|p| format!("{p:?}"))
+                .unwrap_or_else(|| "Pending".into()),
+            cp.ready,
+            cp.desired,
+            ready.map(|c| format!(": {}", c.message)).unwrap_or_default()
+        );
+        if now != last {
+            say(&now);
+            last = now;
+        }
+        if ready.is_some_and(|c| c.status == "True")
+            && let Some(secret) = status.kubeconfig_secret
+        {
+            break secret;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    };
+    let data = Api::<Secret>::namespaced(client, pool)
+        .get(&secret)
+        .await
+        .with_context(|| format!("read the infrastructure cluster's kubeconfig Secret {pool}/{secret}"))?
+        .data
+        .and_then(|mut d| d.remove("value"))
+        .with_context(|| format!("Secret {pool}/{secret} has no key value"))?;
+    let path = site.state_dir().join("infrastructure.kubeconfig");
+    replace_file(&path, &data.0, 0o600).with_context(|| format!("write {}", path.display()))?;
+    let infra = bootsman_controlplane::client_from(&path).await?;
+    let nodes = Api::<Node>::all(infra)
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("list the Nodes of {name}"))?;
+    let ready: Vec<String> = nodes
+        .items
+        .iter()
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    let want = site.spec.infrastructure.control_plane.replicas as usize;
+    if ready.len() < want {
+        anyhow::bail!(
+            "{name} is Ready by its status, yet only {} of {want} Nodes are Ready ({}); run install again to re-check",
+            ready.len(),
+            ready.join(", ")
+        );
+    }
+    say(&format!(
+        "{name} Ready: Nodes {} Ready; admin kubeconfig {}",
+        ready.join(", "),
+        path.display()
+    ));
+    Ok(path)
 }
 
 /// Names of the ByoHosts in the pool.

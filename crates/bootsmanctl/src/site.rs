@@ -16,6 +16,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use bootsman_api::identity::{is_dns_label, validate_host_name, validate_pool};
+use bootsman_api::v1alpha1::{EndpointLoadBalancer, KubeProxy, Nodes};
 
 /// The Site file's `apiVersion`.
 pub const API_VERSION: &str = "bootsman.io/v1alpha1";
@@ -24,6 +25,8 @@ pub const KIND: &str = "Site";
 /// Kubernetes minor versions an infrastructure cluster may run: from the oldest the API
 /// objects are built for to the control plane this release ships.
 pub const KUBERNETES_MINORS: std::ops::RangeInclusive<u32> = 33..=36;
+/// Label on the objects `install` creates: the Site's name.
+pub const SITE_LABEL: &str = "bootsman.io/site";
 /// Longest Site name: the bootstrap control plane is `<name>-control-plane` and the
 /// infrastructure cluster `<name>-infra`, both within a 49-character BootsmanCluster name.
 pub const MAX_NAME: usize = 34;
@@ -113,6 +116,10 @@ pub struct Infrastructure {
     /// Its Pod and Service networks.
     #[serde(default)]
     pub network: InfraNetwork,
+    /// kubeadm and kubelet settings of its machines, as a BootsmanCluster's `spec.nodes`
+    /// (cgroup v1 hosts, preflight checks to ignore, eviction and image GC thresholds).
+    #[serde(default)]
+    pub nodes: Nodes,
 }
 
 /// The infrastructure cluster's control plane.
@@ -127,15 +134,20 @@ pub struct InfraControlPlane {
     pub endpoint: Endpoint,
 }
 
-/// An address and port.
+/// The infrastructure cluster's API endpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Endpoint {
     /// An IP address.
     pub host: String,
     /// The port.
     #[serde(default = "default_port")]
     pub port: u16,
+    /// Who holds the address: `kubeVip` (announced from the control-plane hosts; its image in
+    /// the site's registry) or `external` (a load balancer of the site forwards it to port 6443
+    /// of each control-plane host), as a BootsmanCluster's `controlPlane.endpoint.loadBalancer`.
+    #[serde(default)]
+    pub load_balancer: EndpointLoadBalancer,
 }
 
 /// Cluster networks.
@@ -148,6 +160,9 @@ pub struct InfraNetwork {
     /// The Service network.
     #[serde(rename = "serviceCIDR")]
     pub service_cidr: String,
+    /// kube-proxy's settings, as a BootsmanCluster's `network.kubeProxy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy: Option<KubeProxy>,
 }
 
 impl Default for InfraNetwork {
@@ -155,6 +170,7 @@ impl Default for InfraNetwork {
         Self {
             pod_cidr: "10.244.0.0/16".into(),
             service_cidr: "10.96.0.0/12".into(),
+            kube_proxy: None,
         }
     }
 }
@@ -203,6 +219,7 @@ spec:
       endpoint:
         host: 10.0.0.10           # a free address on the hosts' network
         port: 6443
+        loadBalancer: kubeVip     # or external: the site's load balancer forwards it to port 6443 of each host
     network:
       podCIDR: 10.244.0.0/16
       serviceCIDR: 10.96.0.0/12
@@ -258,6 +275,52 @@ impl Site {
     /// The infrastructure cluster's (BootsmanCluster's) name.
     pub fn infrastructure_name(&self) -> String {
         format!("{}-infra", self.metadata.name)
+    }
+
+    /// The infrastructure cluster as the BootsmanCluster `install` creates in the pool
+    /// namespace: the Site's control plane, schedulable (Cluster API and Bootsman run on it; no
+    /// workers), the hosts chosen by `hostLabels`, images from the site's registry, kube-router
+    /// as the CNI (installed by Cluster API's own ClusterResourceSet: the bootstrap side runs no
+    /// add-on provider), no storage, ingress or MetalLB.
+    pub fn infrastructure_cluster(&self) -> serde_json::Value {
+        let infra = &self.spec.infrastructure;
+        let cp = &infra.control_plane;
+        let mut network = serde_json::json!({
+            "cni": "kube-router",
+            "podCIDR": infra.network.pod_cidr,
+            "serviceCIDR": infra.network.service_cidr,
+        });
+        if let Some(kp) = &infra.network.kube_proxy {
+            network["kubeProxy"] = serde_json::to_value(kp).unwrap_or_default();
+        }
+        serde_json::json!({
+            "apiVersion": "bootsman.io/v1alpha1",
+            "kind": "BootsmanCluster",
+            "metadata": {
+                "name": self.infrastructure_name(),
+                "namespace": self.spec.pool,
+                "labels": {SITE_LABEL: self.metadata.name},
+            },
+            "spec": {
+                "kubernetesVersion": infra.kubernetes_version,
+                "imageRepository": self.spec.registry,
+                "controlPlane": {
+                    "replicas": cp.replicas,
+                    "schedulable": true,
+                    "hostSelector": {"matchLabels": cp.host_labels},
+                    "endpoint": {
+                        "host": cp.endpoint.host,
+                        "port": cp.endpoint.port,
+                        "loadBalancer": cp.endpoint.load_balancer,
+                    },
+                },
+                "workers": [{"name": "default", "replicas": 0}],
+                "network": network,
+                "storage": {"longhorn": {"enabled": false}},
+                "ingress": {"nginx": {"enabled": false}},
+                "nodes": infra.nodes,
+            },
+        })
     }
 
     /// The hosts whose labels carry every one of the control plane's `hostLabels`.
@@ -765,6 +828,26 @@ mod tests {
                 "spec.infrastructure.controlPlane.replicas control-plane-replicas-3-or-5",
             ]
         );
+    }
+
+    #[test]
+    fn the_infrastructure_cluster_is_a_valid_schedulable_bootsman_cluster() {
+        let s = example();
+        let doc = s.infrastructure_cluster();
+        let bc: bootsman_api::v1alpha1::BootsmanCluster = serde_json::from_value(doc.clone()).unwrap();
+        assert_eq!(bc.metadata.name.as_deref(), Some("dc1-infra"));
+        assert_eq!(bc.metadata.namespace.as_deref(), Some("bootsman-hosts"));
+        let cp = &bc.spec.control_plane;
+        assert_eq!((cp.replicas, cp.schedulable), (3, true));
+        assert_eq!(cp.endpoint.host, "10.0.0.10");
+        assert_eq!(
+            doc["spec"]["controlPlane"]["hostSelector"]["matchLabels"]["bootsman.io/infrastructure"],
+            "true"
+        );
+        assert_eq!(bc.spec.workers.iter().map(|w| w.replicas).sum::<i32>(), 0);
+        assert_eq!(bc.spec.image_repository.as_deref(), Some("10.0.0.5:5000"));
+        assert_eq!(doc["spec"]["network"]["cni"], "kube-router");
+        assert_eq!(doc["spec"]["controlPlane"]["endpoint"]["loadBalancer"], "kubeVip");
     }
 
     #[test]
