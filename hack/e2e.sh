@@ -3,13 +3,17 @@
 # containerd, kubelet and kubeadm, with byoh-agent installed from the project's .deb), the sample
 # BootsmanCluster built into a 3 + 3 cluster, a workload behind a Service, workers scaled 3 -> 4,
 # the control plane 3 -> 5, a worker host killed and booted again, and the cluster deleted with
-# every host reset and Available again. See e2e/src/main.rs for what each phase checks.
+# every host reset and Available again. See e2e/src/main.rs for what each phase checks. Then
+# `bootsmanctl install` on three more lab hosts: the bootstrap control plane, enrolment with the
+# printed tokens, the infrastructure cluster built to three Ready Nodes, with the install killed
+# (SIGKILL) half-way and resumed (e2e/src/bin/install.rs).
 #
 #   hack/e2e.sh        (as root; hack/test.sh runs it)
 #
 # It installs what it needs: the lab's Debian packages (hack/lab-packages), the lab's programs
 # and images built from Go modules (hack/labbin, cached), the workspace's binaries and the
-# agent's .deb (hack/package). It writes target/e2e/summary.json and target/e2e/nodes.json.
+# agent's .deb (hack/package). It writes target/e2e/summary.json, target/e2e/nodes.json and
+# target/e2e/install.json.
 # Nothing on the machine outside the run's folders changes; `target/debug/bootsman-lab down`
 # removes what a crashed run left.
 set -euo pipefail
@@ -41,4 +45,9 @@ done_step
 step "bootsman-e2e (lab hosts, real nodes)"
 target/debug/bootsman-lab down
 target/debug/bootsman-e2e
+done_step
+
+step "bootsman-e2e-install (bootsmanctl install on lab hosts, killed and resumed)"
+target/debug/bootsman-lab down
+target/debug/bootsman-e2e-install
 done_step

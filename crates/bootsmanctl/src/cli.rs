@@ -41,7 +41,8 @@ pub enum Command {
         /// Run the preflight checks and print the plan.
         #[arg(long)]
         dry_run: bool,
-        /// `table` for people, `json` for scripts (findings and plan).
+        /// `table` for people, `json` for scripts: findings and plan with `--validate` and
+        /// `--dry-run`; progress as JSON lines when installing.
         #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
         output: Output,
         /// The bundle the bootstrap control plane runs from: `bin/` (etcd, kube-apiserver,
@@ -312,6 +313,7 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                 let opts = install::Options {
                     sources: bootstrap::Sources { bundle, chart },
                     token_ttl,
+                    json: output == Output::Json,
                 };
                 return install::run(&s, &opts, out).await;
             }

@@ -50,6 +50,33 @@ pub struct Options {
     pub sources: Sources,
     /// Lifetime of each host's enrolment token.
     pub token_ttl: Duration,
+    /// Progress as JSON lines (`{"seconds", "step", "message"}`; a refused preflight as
+    /// `{"step": "preflight", "findings": [...]}`) instead of text.
+    pub json: bool,
+}
+
+/// Where progress goes, and how.
+#[derive(Clone, Copy, Debug)]
+struct Progress {
+    started: Instant,
+    json: bool,
+}
+
+impl Progress {
+    /// One line: the seconds since the start, the step, the message.
+    fn say(&self, out: &mut dyn Write, step: &str, msg: &str) {
+        let secs = self.started.elapsed().as_secs();
+        let _ = if self.json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"seconds": secs, "step": step, "message": msg})
+            )
+        } else {
+            writeln!(out, "[{secs:5}s] {step:<14} {msg}")
+        };
+        let _ = out.flush();
+    }
 }
 
 /// Runs the install of `site` as far as this release goes, then serves until a signal. SIGINT
@@ -57,20 +84,24 @@ pub struct Options {
 /// `install` continues.
 pub async fn run(site: &Site, opts: &Options, out: &mut impl Write) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
+    let p = Progress {
+        started: Instant::now(),
+        json: opts.json,
+    };
+    // The file first: a refused Site writes nothing, not even the state folder.
+    refuse(site, &p, site::check(site), out)?;
     let state_dir = site.state_dir();
     std::fs::create_dir_all(&state_dir).with_context(|| format!("create {}", state_dir.display()))?;
     let _lock = lock(&state_dir, site)?;
     let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
-    let started = Instant::now();
     let stopped = tokio::select! {
-        r = steps(site, opts, started, out) => return r,
+        r = steps(site, opts, p, out) => return r,
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     };
-    say(
+    p.say(
         out,
-        started,
         "stop",
         &format!(
             "{stopped}: everything this install started has stopped; its state is kept, run install again to continue"
@@ -79,31 +110,43 @@ pub async fn run(site: &Site, opts: &Options, out: &mut impl Write) -> anyhow::R
     Ok(())
 }
 
-/// Prints one progress line: seconds since the start, the step, the message.
-fn say(out: &mut dyn Write, started: Instant, step: &str, msg: &str) {
-    let _ = writeln!(out, "[{:5}s] {step:<10} {msg}", started.elapsed().as_secs());
-    let _ = out.flush();
-}
-
-/// The steps, then serving until the process is stopped.
-async fn steps(site: &Site, opts: &Options, started: Instant, out: &mut impl Write) -> anyhow::Result<()> {
-    let state_dir = site.state_dir();
-    let mut state = State::load(site)?;
-    let say = |out: &mut dyn Write, step: &str, msg: &str| say(out, started, step, msg);
-
-    let mut findings = site::check(site);
-    findings.extend(site::probe(site));
-    if !findings.is_empty() {
+/// Fails with the preflight's findings, after printing them (one JSON line with `-o json`).
+fn refuse(
+    site: &Site,
+    p: &Progress,
+    findings: Vec<site::Finding>,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    if findings.is_empty() {
+        return Ok(());
+    }
+    if p.json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"step": "preflight", "findings": findings})
+        )?;
+    } else {
         for f in &findings {
             writeln!(out, "{f}")?;
         }
-        anyhow::bail!(
-            "preflight refused site {} ({} finding{}); nothing was started",
-            site.metadata.name,
-            findings.len(),
-            if findings.len() == 1 { "" } else { "s" }
-        );
     }
+    anyhow::bail!(
+        "preflight refused site {} ({} finding{}); nothing was started",
+        site.metadata.name,
+        findings.len(),
+        if findings.len() == 1 { "" } else { "s" }
+    )
+}
+
+/// The steps, then serving until the process is stopped.
+async fn steps(site: &Site, opts: &Options, p: Progress, out: &mut impl Write) -> anyhow::Result<()> {
+    let state_dir = site.state_dir();
+    let mut state = State::load(site)?;
+    let say = |out: &mut dyn Write, step: &str, msg: &str| p.say(out, step, msg);
+
+    // This machine and the network, once this install holds the site's lock.
+    refuse(site, &p, site::probe(site), out)?;
     say(out, "preflight", "passed");
     mark(&mut state, site, "preflight")?;
 
@@ -127,7 +170,7 @@ async fn steps(site: &Site, opts: &Options, started: Instant, out: &mut impl Wri
     enrol(site, &boot, opts, &mut |m| say(out, "enrol", m)).await?;
     mark(&mut state, site, "enrol")?;
 
-    let kubeconfig = infrastructure(site, &boot, &mut |m| say(out, "infra", m)).await?;
+    let kubeconfig = infrastructure(site, &boot, &mut |m| say(out, "infrastructure", m)).await?;
     mark(&mut state, site, "infrastructure")?;
 
     say(
@@ -331,7 +374,10 @@ async fn infrastructure(site: &Site, boot: &Bootstrap, say: &mut dyn FnMut(&str)
                 .unwrap_or_else(|| "Pending".into()),
             cp.ready,
             cp.desired,
-            ready.map(|c| format!(": {}", c.message)).unwrap_or_default()
+            ready
+                .filter(|c| !c.message.is_empty())
+                .map(|c| format!(": {}", c.message))
+                .unwrap_or_default()
         );
         if now != last {
             say(&now);

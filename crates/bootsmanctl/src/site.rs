@@ -223,6 +223,11 @@ spec:
     network:
       podCIDR: 10.244.0.0/16
       serviceCIDR: 10.96.0.0/12
+      # kubeProxy: {conntrackMaxPerCore: 0}   # leave nf_conntrack_max as the hosts have it
+    # kubeadm and kubelet settings of its machines, as a BootsmanCluster's spec.nodes:
+    # nodes:
+    #   allowCgroupV1: false
+    #   kubelet: {evictionHard: {nodefs.available: 10%}}
 "#;
 
 /// One thing preflight refuses: the field and a message that names the rule.

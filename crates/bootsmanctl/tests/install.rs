@@ -185,6 +185,38 @@ async fn preflight_refuses_with_field_and_rule_and_starts_nothing() {
         assert!(!case.state().exists(), "{what}: nothing written");
     }
 
+    // The install itself refuses the same way before it starts anything; with `-o json` the
+    // findings are one JSON line.
+    let bundle = bootsman_testenv::Testbin::locate()
+        .expect("control-plane binaries (hack/testbin)")
+        .dir
+        .clone();
+    let chart = bootsman_testenv::repo_root().join("charts/bootsman");
+    let file = case.site(free_port(), &reg, |t| {
+        t.replace("kubernetesVersion: v1.36.3", "kubernetesVersion: v1.29.0")
+    });
+    let (r, out) = bootsmanctl(&[
+        "install",
+        "-f",
+        path(&file),
+        "--bundle",
+        path(&bundle),
+        "--chart",
+        path(&chart),
+        "-o",
+        "json",
+    ])
+    .await;
+    let e = format!("{:#}", r.expect_err("a bad version"));
+    assert!(e.contains("nothing was started"), "{e}");
+    let doc: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    assert_eq!(doc["step"], "preflight");
+    assert_eq!(
+        doc["findings"][0]["field"], "spec.infrastructure.kubernetesVersion",
+        "{doc}"
+    );
+    assert!(!case.state().exists(), "a refused install writes nothing");
+
     // This machine and the network: the port in use, an address not this machine's, a registry
     // that does not answer.
     let busy = TcpListener::bind("127.0.0.1:0").expect("busy port");

@@ -61,8 +61,8 @@ pub struct Spec {
     pub bundle: Bundle,
     /// Its certificates and keys.
     pub pki: PkiFiles,
-    /// Also serve the API on this address (the API server then binds every address and its
-    /// certificate must name this one): how hosts reach it. Only loopback when `None`.
+    /// Serve the API on this address instead of loopback (its certificate must name it): how
+    /// hosts reach it. Every client, local ones too, then uses it.
     pub address: Option<IpAddr>,
     /// The API server's port; a free one, kept in `ports.json`, when `None`.
     pub port: Option<u16>,
@@ -145,8 +145,11 @@ impl ControlPlane {
         let logs = spec.dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(error::io("create log directory", &logs))?;
         let ports = Ports::load_or_allocate(&spec.dir, spec.port)?;
+        // On its address when it has one (another service of the machine may hold the same port
+        // on another address), else on loopback.
+        let host = spec.address.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
         let mut cp = Self {
-            api_url: format!("https://127.0.0.1:{}", ports.api),
+            api_url: format!("https://{}", std::net::SocketAddr::new(host, ports.api)),
             kubeconfig: spec.dir.join("admin.kubeconfig"),
             dir: spec.dir.clone(),
             ports,
@@ -205,7 +208,7 @@ impl ControlPlane {
         self.components.push(etcd);
 
         let advertise = spec.address.map(|a| a.to_string());
-        let mut args = ApiserverFlags {
+        let args = ApiserverFlags {
             etcd_url: &etcd_url,
             address: advertise.as_deref().unwrap_or("127.0.0.1"),
             port: self.ports.api,
@@ -217,11 +220,6 @@ impl ControlPlane {
             service_account_key: &spec.pki.service_account_key,
         }
         .args();
-        if spec.address.is_some_and(|a| !a.is_loopback()) {
-            // Loopback for the local controllers, the advertised address for the hosts.
-            args.retain(|a| !a.starts_with("--bind-address="));
-            args.push("--bind-address=0.0.0.0".into());
-        }
         let apiserver = self.spawn(spec, "kube-apiserver", "kube-apiserver", args)?;
         self.components.push(apiserver);
         write_kubeconfig(
@@ -314,12 +312,12 @@ impl ControlPlane {
         client_from(&self.kubeconfig).await
     }
 
-    /// Path of the admin kubeconfig (it names the API server on loopback).
+    /// Path of the admin kubeconfig.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }
 
-    /// `https://127.0.0.1:<port>` of the API server.
+    /// `https://<address>:<port>` of the API server (`127.0.0.1` without [`Spec::address`]).
     pub fn api_url(&self) -> &str {
         &self.api_url
     }

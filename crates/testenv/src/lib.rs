@@ -59,9 +59,8 @@ pub struct Options {
     /// (`--cluster-signing-duration`; one year when `None`). Short values let a test watch
     /// certificate renewal happen.
     pub signing_duration: Option<Duration>,
-    /// Also serve the API on this address (the API server binds every address of its network
-    /// namespace and its certificate names this one): how lab hosts on a lab network reach it.
-    /// Only loopback when `None`.
+    /// Serve the API on this address instead of loopback (its certificate names it): how lab
+    /// hosts on a lab network reach it, and every client of the harness uses it too.
     pub advertise_address: Option<std::net::IpAddr>,
 }
 
@@ -204,18 +203,15 @@ impl TestEnv {
         self.cp.kubeconfig()
     }
 
-    /// `https://127.0.0.1:<port>` of the API server.
+    /// `https://127.0.0.1:<port>` of the API server (its advertise address instead when
+    /// [`Options::advertise_address`] is set).
     pub fn api_url(&self) -> &str {
         self.cp.api_url()
     }
 
-    /// `https://<advertise address>:<port>` when [`Options::advertise_address`] is set (how lab
-    /// hosts reach the API server), else [`Self::api_url`].
+    /// How lab hosts reach the API server: [`Self::api_url`].
     pub fn advertised_url(&self) -> String {
-        match self.options.advertise_address {
-            Some(a) => self.api_url().replace("127.0.0.1", &a.to_string()),
-            None => self.api_url().to_string(),
-        }
+        self.api_url().to_string()
     }
 
     /// Certificates and keys of this control plane.
