@@ -67,16 +67,8 @@ struct PhaseResult {
 }
 
 fn main() -> ExitCode {
-    if !ns::inside() {
-        eprintln!("bootsman-e2e: {}", ns::reexec());
+    let Some(rt) = ns::enter("bootsman-e2e") else {
         return ExitCode::FAILURE;
-    }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bootsman-e2e: {e}");
-            return ExitCode::FAILURE;
-        }
     };
     rt.block_on(run())
 }

@@ -38,3 +38,20 @@ pub fn reexec() -> Error {
         .exec();
     Error::Unsupported(format!("cannot run unshare --net (util-linux): {err}"))
 }
+
+/// What every lab program does first: runs itself again in the lab's namespace when it is not
+/// there yet ([`reexec`]), then builds the async runtime. `None` after printing why either
+/// failed, prefixed with `program`.
+pub fn enter(program: &str) -> Option<tokio::runtime::Runtime> {
+    if !inside() {
+        eprintln!("{program}: {}", reexec());
+        return None;
+    }
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("{program}: {e}");
+            None
+        }
+    }
+}

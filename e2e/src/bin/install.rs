@@ -42,16 +42,8 @@ const HOSTS: [&str; 3] = ["infra-1", "infra-2", "infra-3"];
 const BOOTSTRAP_PORT: u16 = 6443;
 
 fn main() -> ExitCode {
-    if !ns::inside() {
-        eprintln!("bootsman-e2e-install: {}", ns::reexec());
+    let Some(rt) = ns::enter("bootsman-e2e-install") else {
         return ExitCode::FAILURE;
-    }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bootsman-e2e-install: {e}");
-            return ExitCode::FAILURE;
-        }
     };
     rt.block_on(async {
         let out = bootsman_testenv::repo_root().join("target/e2e");

@@ -75,16 +75,8 @@ runcmd:
 "#;
 
 fn main() -> ExitCode {
-    if !ns::inside() {
-        eprintln!("bootsman-unit-vm: {}", ns::reexec());
+    let Some(rt) = ns::enter("bootsman-unit-vm") else {
         return ExitCode::FAILURE;
-    }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bootsman-unit-vm: {e}");
-            return ExitCode::FAILURE;
-        }
     };
     match rt.block_on(run()) {
         Ok(()) => {

@@ -75,16 +75,8 @@ fn main() -> ExitCode {
                     _ => return usage(),
                 }
             }
-            if !ns::inside() {
-                eprintln!("bootsman-lab: {}", ns::reexec());
+            let Some(rt) = ns::enter("bootsman-lab") else {
                 return ExitCode::FAILURE;
-            }
-            let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("bootsman-lab: {e}");
-                    return ExitCode::FAILURE;
-                }
             };
             match rt.block_on(bootsman_lab::demo::run(opts)) {
                 Ok(()) => ExitCode::SUCCESS,
