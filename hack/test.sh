@@ -16,9 +16,8 @@ step "toolchain: $(cargo --version), $(go version 2>/dev/null || echo 'go: missi
 command -v cargo >/dev/null || { echo "cargo is required" >&2; exit 1; }
 done_step
 
-step "host tools: openssl (test PKI), setpriv (no component outlives a test)"
+step "host tools: setpriv (no component outlives a test)"
 missing=()
-command -v openssl >/dev/null || missing+=(openssl)
 command -v setpriv >/dev/null || missing+=(util-linux)
 if ((${#missing[@]})); then
   echo "    installing ${missing[*]}"

@@ -198,7 +198,7 @@ fn start_controller(
     name: &str,
 ) -> anyhow::Result<(Component, u16)> {
     let user = format!("system:serviceaccount:{NAMESPACE}:{name}");
-    let identity = pki.client(name, &user, Some(&format!("system:serviceaccounts:{NAMESPACE}")))?;
+    let identity = pki.client(name, &user, &[&format!("system:serviceaccounts:{NAMESPACE}")])?;
     let kubeconfig = dir.join(format!("{name}.kubeconfig"));
     write_kubeconfig(
         &kubeconfig,

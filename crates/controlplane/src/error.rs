@@ -16,7 +16,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A helper program (openssl, helm, hack/testbin) failed.
+    /// A helper program (helm, hack/testbin) failed.
     #[error("{what} failed: {detail}")]
     Command {
         /// The command.

@@ -87,7 +87,8 @@ impl InfraNode {
             &["system:nodes"],
         )?;
         let proxy = pki.client(&format!("kube-proxy-{name}"), "system:kube-proxy", &[])?;
-        let ca = std::fs::read(&pki.server_ca.cert).map_err(io("read", &pki.server_ca.cert))?;
+        let ca_path = &pki.files().server_ca.cert;
+        let ca = std::fs::read(ca_path).map_err(io("read", ca_path))?;
         write_in(
             &host,
             "/etc/kubernetes/kubelet.conf",

@@ -599,8 +599,8 @@ fn service_account_kubeconfig(env: &TestEnv, lab: &Lab, sa: &str) -> Result<Path
         ]),
         &format!("kubectl create token {sa}"),
     )?;
-    let ca =
-        std::fs::read_to_string(&env.pki().server_ca.cert).map_err(io("read", &env.pki().server_ca.cert))?;
+    let ca = std::fs::read_to_string(&env.pki().files().server_ca.cert)
+        .map_err(io("read", &env.pki().files().server_ca.cert))?;
     let kc = json!({
         "apiVersion": "v1",
         "kind": "Config",

@@ -27,7 +27,6 @@
 //! killed on drop and, should the process die first, by the kernel (`setpriv --pdeathsig`).
 
 mod error;
-mod pki;
 mod testbin;
 pub mod workload;
 
@@ -44,8 +43,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::PostParams;
 
+pub use bootsman_controlplane::pki::Pki;
 pub use bootsman_controlplane::{CertPair, Error, Result, free_port, tail};
-pub use pki::Pki;
 pub use testbin::{Testbin, repo_root};
 pub use workload::Workload;
 
@@ -104,13 +103,12 @@ impl TestEnv {
         let testbin = Testbin::locate()?;
         let dir = new_env_dir()?;
         let started = Instant::now();
-        let pki = Pki::create_with_ips(&dir.join("pki"), options.advertise_address.as_slice())?;
-        let webhook = pki.serving("capi-webhook", &["IP:127.0.0.1", "DNS:localhost"])?;
+        let pki = Pki::open(&dir.join("pki"), "testenv", options.advertise_address.as_slice())?;
         let spec = Spec {
             name: "testenv".into(),
             dir: dir.clone(),
             bundle: (*testbin).clone(),
-            pki: pki.files(webhook),
+            pki: pki.files().clone(),
             address: options.advertise_address,
             port: None,
             capi: options.capi,
@@ -166,7 +164,13 @@ impl TestEnv {
     /// issued through a CertificateSigningRequest) and returns its path.
     pub fn kubeconfig_with_cert(&self, pair: &CertPair) -> Result<PathBuf> {
         let path = self.dir.join(format!("cert-{}.kubeconfig", unique_suffix()));
-        write_kubeconfig(&path, "testenv", self.api_url(), &self.pki.server_ca.cert, pair)?;
+        write_kubeconfig(
+            &path,
+            "testenv",
+            self.api_url(),
+            &self.pki.files().server_ca.cert,
+            pair,
+        )?;
         Ok(path)
     }
 

@@ -29,9 +29,10 @@ use bootsman_controlplane::{
     ApiserverFlags, CertPair, client_from, etcd_flags, free_port, process, wait_for_readyz, write_kubeconfig,
 };
 
+use bootsman_controlplane::pki;
+
 use crate::Testbin;
 use crate::error::{self, Error, Result};
-use crate::pki;
 
 const MANAGER: &str = "bootsman-testenv";
 
@@ -76,27 +77,24 @@ impl Workload {
         }
         let ca = cluster_ca(mgmt, namespace, cluster, &pki_dir).await?;
         let ip = ep.host.parse::<std::net::IpAddr>().is_ok();
-        let san = if ip {
-            format!("IP:{}", ep.host)
-        } else {
-            format!("DNS:{}", ep.host)
-        };
-        let serving = pki::issue(
-            &pki_dir,
-            "apiserver",
-            "/CN=kube-apiserver",
-            &format!(
-                "subjectAltName={san},IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n\
-                 extendedKeyUsage=serverAuth\n"
-            ),
+        let sans: Vec<String> = [
+            ep.host.as_str(),
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+        ]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
+        let serving = pki::sign_with(&ca, &pki_dir, "apiserver", "kube-apiserver", &[], &sans)?;
+        let admin = pki::sign_with(
             &ca,
-        )?;
-        let admin = pki::issue(
             &pki_dir,
             "admin",
-            "/O=system:masters/CN=kubernetes-admin",
-            "extendedKeyUsage=clientAuth\n",
-            &ca,
+            "kubernetes-admin",
+            &["system:masters"],
+            &[],
         )?;
         let (sa_key, sa_pub) = (pki_dir.join("sa.key"), pki_dir.join("sa.pub"));
         pki::key_pair(&sa_key, &sa_pub)?;

@@ -79,39 +79,24 @@ async fn approved_csr_gives_a_working_identity_limited_by_rbac() {
     let dir = env.dir().join(format!("csr-{ns}"));
     std::fs::create_dir_all(&dir).unwrap();
     let key = dir.join("user.key");
-    let csr_pem = dir.join("user.csr");
-    run(
-        "openssl",
-        &[
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-            s(&key),
-        ],
-    );
-    run(
-        "openssl",
-        &[
-            "req",
-            "-new",
-            "-key",
-            s(&key),
-            "-subj",
-            &format!("/O=csr-testers/CN={user}"),
-            "-out",
-            s(&csr_pem),
-        ],
-    );
+    let key_pair = rcgen::KeyPair::generate().unwrap();
+    std::fs::write(&key, key_pair.serialize_pem()).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "csr-testers");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, user.as_str());
+    let csr_pem = params.serialize_request(&key_pair).unwrap().pem().unwrap();
 
     let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
     let name = format!("{ns}-user");
     let csr = CertificateSigningRequest {
         metadata: meta(&name),
         spec: CertificateSigningRequestSpec {
-            request: k8s_openapi::ByteString(std::fs::read(&csr_pem).unwrap()),
+            request: k8s_openapi::ByteString(csr_pem.into_bytes()),
             signer_name: "kubernetes.io/kube-apiserver-client".into(),
             usages: Some(vec!["client auth".into()]),
             expiration_seconds: Some(3600),
@@ -261,17 +246,4 @@ async fn client_for_authenticates_as_the_given_user_and_groups() {
         .list(&Default::default())
         .await;
     assert!(matches!(refused, Err(kube::Error::Api(s)) if s.code == 403));
-}
-
-fn s(p: &std::path::Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn run(cmd: &str, args: &[&str]) {
-    let out = std::process::Command::new(cmd).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
