@@ -6,7 +6,8 @@
 # every host reset and Available again. See e2e/src/main.rs for what each phase checks. Then
 # `bootsmanctl install` on three more lab hosts: the bootstrap control plane, enrolment with the
 # printed tokens, the infrastructure cluster built to three Ready Nodes, with the install killed
-# (SIGKILL) half-way and resumed (e2e/src/bin/install.rs).
+# (SIGKILL) half-way and resumed, then Cluster API and Bootsman as Pods in it
+# (e2e/src/bin/install.rs).
 #
 #   hack/e2e.sh        (as root; hack/test.sh runs it)
 #

@@ -103,7 +103,14 @@ pub async fn start(site: &Site, sources: &Sources, say: &mut dyn FnMut(&str)) ->
         cp.log_dir().display()
     ));
 
-    helm_install(site, &bundle, &sources.chart, cp.kubeconfig(), &dir)?;
+    helm_install(
+        site,
+        &bundle,
+        &sources.chart,
+        cp.kubeconfig(),
+        &dir,
+        &["provider.replicas=1", "operator.replicas=1"],
+    )?;
     say(&format!(
         "chart {} installed as release {RELEASE} in {NAMESPACE} (RBAC, host roles and host policy)",
         sources.chart.display()
@@ -126,28 +133,30 @@ pub async fn start(site: &Site, sources: &Sources, say: &mut dyn FnMut(&str)) ->
     Ok(Bootstrap { cp, server, ca_pem })
 }
 
-/// `helm upgrade --install` of the chart without its CRDs (the control plane installed them),
-/// with images from the site's registry. Idempotent.
-fn helm_install(
+/// `helm upgrade --install` of the chart into the cluster of `kubeconfig`, without its CRDs
+/// (installed before), with images from the site's registry and the `--set` values `sets`.
+/// Idempotent.
+pub fn helm_install(
     site: &Site,
     bundle: &Bundle,
     chart: &Path,
     kubeconfig: &Path,
     dir: &Path,
+    sets: &[&str],
 ) -> anyhow::Result<()> {
     let helm_home = dir.join("helm");
-    let out = Command::new(bundle.bin("helm"))
-        .args(["upgrade", "--install", RELEASE])
+    let mut cmd = Command::new(bundle.bin("helm"));
+    cmd.args(["upgrade", "--install", RELEASE])
         .arg(chart)
         .args(["--namespace", NAMESPACE, "--create-namespace", "--skip-crds"])
         .args([
             "--set",
             &format!("image.registry={}/bootsman-io", site.spec.registry),
-            "--set",
-            "provider.replicas=1",
-            "--set",
-            "operator.replicas=1",
-        ])
+        ]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd
         .env("KUBECONFIG", kubeconfig)
         .env("HELM_CACHE_HOME", &helm_home)
         .env("HELM_CONFIG_HOME", &helm_home)

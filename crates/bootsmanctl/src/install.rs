@@ -16,9 +16,12 @@
 //!    `Ready`, its admin kubeconfig goes to `<state>/infrastructure.kubeconfig` and its Nodes are
 //!    checked through it.
 //!
-//! The steps after these (Cluster API and Bootsman as Pods in the infrastructure cluster, the
-//! pivot, the teardown) are not in this release: `install` says so and keeps the bootstrap
-//! control plane serving until Ctrl-C or SIGTERM. Either signal stops it at any step, cleanly.
+//! 5. **controllers**: Cluster API and the Bootsman chart as Pods in the infrastructure cluster
+//!    ([`crate::controllers`]), until every Deployment is Available.
+//!
+//! The steps after these (the pivot, the teardown) are not in this release: `install` says so
+//! and keeps the bootstrap control plane serving until Ctrl-C or SIGTERM. Either signal stops it
+//! at any step, cleanly.
 //!
 //! One `install` runs per site at a time (a lock on `<state>/install.lock`); the steps done are
 //! recorded in `<state>/state.json`, written atomically.
@@ -37,6 +40,7 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 
 use crate::bootstrap::{self, Bootstrap, Sources};
+use crate::controllers;
 use crate::site::{self, Site, State};
 use crate::token;
 
@@ -173,13 +177,26 @@ async fn steps(site: &Site, opts: &Options, p: Progress, out: &mut impl Write) -
     let kubeconfig = infrastructure(site, &boot, &mut |m| say(out, "infrastructure", m)).await?;
     mark(&mut state, site, "infrastructure")?;
 
+    let infra = bootsman_controlplane::client_from(&kubeconfig).await?;
+    let bundle = bootsman_controlplane::Bundle::open(&opts.sources.bundle).context("--bundle")?;
+    controllers::install(
+        site,
+        &bundle,
+        &opts.sources.chart,
+        &infra,
+        &kubeconfig,
+        &mut |m| say(out, "controllers", m),
+    )
+    .await?;
+    mark(&mut state, site, "controllers")?;
+
     say(
         out,
-        "controllers",
+        "pivot",
         &format!(
-            "the next step (Cluster API and Bootsman as Pods in {}) is not in this release of bootsmanctl; the \
-             infrastructure cluster answers with KUBECONFIG={}, and the bootstrap control plane {} keeps serving \
-             at {} until Ctrl-C (KUBECONFIG={})",
+            "the next step (the pivot into {}) is not in this release of bootsmanctl; the infrastructure cluster \
+             runs Cluster API and Bootsman (KUBECONFIG={}), and the bootstrap control plane {} keeps serving at {} \
+             until Ctrl-C (KUBECONFIG={})",
             site.infrastructure_name(),
             kubeconfig.display(),
             site.bootstrap_name(),

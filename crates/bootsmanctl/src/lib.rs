@@ -10,6 +10,7 @@
 
 pub mod bootstrap;
 pub mod cli;
+pub mod controllers;
 pub mod diagnose;
 pub mod hosts;
 pub mod install;

@@ -9,6 +9,7 @@
 //! <bundle>/crds/capi/           the Cluster API CRDs
 //! <bundle>/crds/clusterctl/     clusterctl's provider inventory CRD
 //! <bundle>/crds/capi-webhooks/  each Cluster API manager's webhook manifest
+//! <bundle>/crds/capi-rbac/      each Cluster API manager's ClusterRole (to run it as a Pod)
 //! <bundle>/VERSIONS             `module=version` lines, e.g. `sigs.k8s.io/cluster-api=v1.13.6`
 //! ```
 

@@ -13,30 +13,83 @@ use crate::error::{Result, io, kube};
 use crate::pki::CertPair;
 use crate::{FIELD_MANAGER, manifests, process::Component};
 
-/// One manager: its binary, the CRD groups whose conversions it serves, and its webhook manifest.
-struct Manager {
-    name: &'static str,
-    binary: &'static str,
-    manifest: &'static str,
+/// One Cluster API manager.
+#[derive(Debug)]
+pub struct Manager {
+    /// Its name here (`capi-core`, ...): component, log and webhook-configuration prefix.
+    pub name: &'static str,
+    /// Its program in the bundle.
+    pub binary: &'static str,
+    /// Its webhook manifest and ClusterRole in the bundle (`crds/capi-webhooks/<manifest>.yaml`,
+    /// `crds/capi-rbac/<manifest>.yaml`).
+    pub manifest: &'static str,
+    /// Its namespace in a cluster where it runs as a Pod (as `clusterctl init` names it).
+    pub namespace: &'static str,
+    /// Its webhook Service there.
+    pub service: &'static str,
+    /// Its image, below a registry (as Cluster API publishes it).
+    pub image: &'static str,
 }
 
-const MANAGERS: [Manager; 3] = [
+/// Core, kubeadm bootstrap, kubeadm control plane: the index used everywhere below.
+pub const MANAGERS: [Manager; 3] = [
     Manager {
         name: "capi-core",
         binary: "capi-manager",
         manifest: "core",
+        namespace: "capi-system",
+        service: "capi-webhook-service",
+        image: "cluster-api/cluster-api-controller",
     },
     Manager {
         name: "capi-kubeadm-bootstrap",
         binary: "capi-kubeadm-bootstrap-manager",
         manifest: "bootstrap",
+        namespace: "capi-kubeadm-bootstrap-system",
+        service: "capi-kubeadm-bootstrap-webhook-service",
+        image: "cluster-api/kubeadm-bootstrap-controller",
     },
     Manager {
         name: "capi-kubeadm-control-plane",
         binary: "capi-kubeadm-control-plane-manager",
         manifest: "controlplane",
+        namespace: "capi-kubeadm-control-plane-system",
+        service: "capi-kubeadm-control-plane-webhook-service",
+        image: "cluster-api/kubeadm-control-plane-controller",
     },
 ];
+
+/// Where the managers serve their webhooks.
+#[derive(Clone, Copy, Debug)]
+pub enum Serve {
+    /// As local processes, on these loopback ports.
+    Loopback(Ports),
+    /// As Pods, behind their Services (port 443).
+    InCluster,
+}
+
+impl Serve {
+    /// The `clientConfig` that reaches manager `i` at `path`, trusting `ca` (PEM).
+    fn client_config(&self, i: usize, path: &str, ca: &[u8]) -> apiext::WebhookClientConfig {
+        match self {
+            Serve::Loopback(ports) => apiext::WebhookClientConfig {
+                url: Some(format!("https://127.0.0.1:{}{path}", ports.webhook[i])),
+                ca_bundle: Some(ByteString(ca.to_vec())),
+                service: None,
+            },
+            Serve::InCluster => apiext::WebhookClientConfig {
+                url: None,
+                ca_bundle: Some(ByteString(ca.to_vec())),
+                service: Some(apiext::ServiceReference {
+                    name: MANAGERS[i].service.into(),
+                    namespace: MANAGERS[i].namespace.into(),
+                    path: Some(path.into()),
+                    port: Some(443),
+                }),
+            },
+        }
+    }
+}
 
 /// Loopback ports of the three managers: `webhook[i]` and `health[i]` of manager `i` (core,
 /// kubeadm bootstrap, kubeadm control plane), chosen before the CRDs are installed so the
@@ -58,33 +111,43 @@ fn manager_for_group(group: &str) -> usize {
     }
 }
 
+/// The Cluster API CRDs of `bundle` and clusterctl's inventory CRD, as `clusterctl init` leaves
+/// them (labelled with their contract and provider): with `serve`, every multi-version CRD
+/// converts through the manager that serves it (trusting `ca`, PEM); without, only the storage
+/// version is served.
+pub fn crds(
+    bundle: &Bundle,
+    serve: Option<&Serve>,
+    ca: &[u8],
+) -> Result<Vec<apiext::CustomResourceDefinition>> {
+    let mut crds = manifests::read_dir(&bundle.capi_crds())?;
+    match serve {
+        Some(serve) => route_conversion_to_managers(&mut crds, serve, ca),
+        None => serve_storage_version_only(&mut crds),
+    }
+    label_contract_versions(&mut crds);
+    label_for_clusterctl(&mut crds);
+    crds.extend(manifests::read_dir(&bundle.clusterctl_crds())?);
+    Ok(crds)
+}
+
 /// Points the conversion of every multi-version CAPI CRD at the manager that serves it.
-pub(crate) fn route_conversion_to_managers(
-    crds: &mut [apiext::CustomResourceDefinition],
-    ports: &Ports,
-    server_ca: &std::path::Path,
-) -> Result<()> {
-    let ca = std::fs::read(server_ca).map_err(io("read server CA", server_ca))?;
+fn route_conversion_to_managers(crds: &mut [apiext::CustomResourceDefinition], serve: &Serve, ca: &[u8]) {
     for crd in crds.iter_mut().filter(|c| c.spec.versions.len() > 1) {
-        let port = ports.webhook[manager_for_group(&crd.spec.group)];
+        let i = manager_for_group(&crd.spec.group);
         crd.spec.conversion = Some(apiext::CustomResourceConversion {
             strategy: "Webhook".into(),
             webhook: Some(apiext::WebhookConversion {
-                client_config: Some(apiext::WebhookClientConfig {
-                    url: Some(format!("https://127.0.0.1:{port}/convert")),
-                    ca_bundle: Some(ByteString(ca.clone())),
-                    service: None,
-                }),
+                client_config: Some(serve.client_config(i, "/convert", ca)),
                 conversion_review_versions: vec!["v1".into(), "v1beta1".into()],
             }),
         });
     }
-    Ok(())
 }
 
 /// Without the managers nothing can convert between versions, so only the storage version is
 /// served: every client sees the same shape of object.
-pub(crate) fn serve_storage_version_only(crds: &mut [apiext::CustomResourceDefinition]) {
+fn serve_storage_version_only(crds: &mut [apiext::CustomResourceDefinition]) {
     for crd in crds {
         for v in &mut crd.spec.versions {
             v.served = v.storage;
@@ -148,57 +211,49 @@ pub(crate) async fn start(setup: &Setup<'_>, client: &kube::Client) -> Result<Ve
         c.wait_ready(ports.health[i]).await?;
     }
     let ca = std::fs::read(server_ca).map_err(io("read server CA", *server_ca))?;
-    for (i, m) in MANAGERS.iter().enumerate() {
-        register_webhooks(
-            client,
-            &bundle.capi_webhooks(m.manifest),
-            m.name,
-            ports.webhook[i],
-            &ca,
-        )
-        .await?;
-    }
+    register_webhooks(client, bundle, &Serve::Loopback(**ports), &ca).await?;
     Ok(started)
 }
 
-/// Applies one manager's webhook configurations with every `clientConfig.service` replaced by a
-/// loopback URL, under a name of its own (the manifests share default names).
-async fn register_webhooks(
+/// Applies every manager's webhook configurations with each `clientConfig` pointed where `serve`
+/// says, trusting `ca` (PEM), each under a name of its own (the manifests share default names).
+pub async fn register_webhooks(
     client: &kube::Client,
-    manifest: &std::path::Path,
-    prefix: &str,
-    port: u16,
+    bundle: &Bundle,
+    serve: &Serve,
     ca: &[u8],
 ) -> Result<()> {
     let pp = PatchParams::apply(FIELD_MANAGER).force();
-    let ca_bundle = serde_json::to_value(ByteString(ca.to_vec())).unwrap_or_default();
-    for mut doc in manifests::read_file(manifest)? {
-        let kind = doc
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .unwrap_or_default()
-            .to_string();
-        if kind != "MutatingWebhookConfiguration" && kind != "ValidatingWebhookConfiguration" {
-            continue;
-        }
-        let name = format!(
-            "{prefix}-{}",
-            doc["metadata"]["name"].as_str().unwrap_or_default()
-        );
-        doc["metadata"]["name"] = name.clone().into();
-        for hook in doc["webhooks"].as_array_mut().into_iter().flatten() {
-            let path = hook["clientConfig"]["service"]["path"]
-                .as_str()
+    for (i, m) in MANAGERS.iter().enumerate() {
+        for mut doc in manifests::read_file(&bundle.capi_webhooks(m.manifest))? {
+            let kind = doc
+                .get("kind")
+                .and_then(|k| k.as_str())
                 .unwrap_or_default()
                 .to_string();
-            hook["clientConfig"] =
-                serde_json::json!({"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca_bundle});
+            if kind != "MutatingWebhookConfiguration" && kind != "ValidatingWebhookConfiguration" {
+                continue;
+            }
+            let name = format!(
+                "{}-{}",
+                m.name,
+                doc["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            doc["metadata"]["name"] = name.clone().into();
+            for hook in doc["webhooks"].as_array_mut().into_iter().flatten() {
+                let path = hook["clientConfig"]["service"]["path"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                hook["clientConfig"] =
+                    serde_json::to_value(serve.client_config(i, &path, ca)).unwrap_or_default();
+            }
+            let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind);
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+            api.patch(&name, &pp, &Patch::Apply(&doc))
+                .await
+                .map_err(kube(format!("register {name}")))?;
         }
-        let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind);
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
-        api.patch(&name, &pp, &Patch::Apply(&doc))
-            .await
-            .map_err(kube(format!("register {name}")))?;
     }
     Ok(())
 }
@@ -207,7 +262,7 @@ async fn register_webhooks(
 /// (`cluster.x-k8s.io/v1beta2: v1beta2`): the CRD files in the Go module lack the label, and CAPI
 /// looks a referenced kind's API version up by it (a KubeadmControlPlane without it is never
 /// scaled up).
-pub(crate) fn label_contract_versions(crds: &mut [apiext::CustomResourceDefinition]) {
+fn label_contract_versions(crds: &mut [apiext::CustomResourceDefinition]) {
     for crd in crds {
         let served: Vec<String> = crd
             .spec
@@ -272,7 +327,7 @@ const INVENTORY: [(&str, &str, &str, &str, &[&str]); 4] = [
 
 /// Labels the Cluster API CRDs as `clusterctl init` leaves them (`clusterctl.cluster.x-k8s.io`,
 /// which `clusterctl move` looks for, and `cluster.x-k8s.io/provider`).
-pub(crate) fn label_for_clusterctl(crds: &mut [apiext::CustomResourceDefinition]) {
+fn label_for_clusterctl(crds: &mut [apiext::CustomResourceDefinition]) {
     for crd in crds {
         let Some((provider, ..)) = INVENTORY
             .iter()
@@ -289,7 +344,7 @@ pub(crate) fn label_for_clusterctl(crds: &mut [apiext::CustomResourceDefinition]
 /// Writes clusterctl's provider inventory (the `Provider` objects `clusterctl init` leaves, one
 /// per provider, in its namespace), so that `clusterctl move` finds the providers it checks
 /// for. The inventory CRD must be installed.
-pub(crate) async fn write_inventory(client: &kube::Client, capi_version: &str) -> Result<()> {
+pub async fn write_inventory(client: &kube::Client, capi_version: &str) -> Result<()> {
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "clusterctl.cluster.x-k8s.io",
         "v1alpha3",

@@ -22,7 +22,7 @@
 //! `admin.kubeconfig`, `ports.json` (the ports chosen on the first start, reused after).
 
 pub mod bundle;
-mod capi;
+pub mod capi;
 pub mod error;
 pub mod manifests;
 pub mod pki;
@@ -159,16 +159,10 @@ impl ControlPlane {
         let client = wait_for_readyz(&cp.kubeconfig, &cp.components, "kube-apiserver").await?;
 
         let mut crds = spec.crds.clone();
-        let mut capi_crds = manifests::read_dir(&spec.bundle.capi_crds())?;
-        if spec.capi {
-            capi::route_conversion_to_managers(&mut capi_crds, &cp.ports.capi, &spec.pki.server_ca.cert)?;
-        } else {
-            capi::serve_storage_version_only(&mut capi_crds);
-        }
-        capi::label_contract_versions(&mut capi_crds);
-        capi::label_for_clusterctl(&mut capi_crds);
-        crds.extend(capi_crds);
-        crds.extend(manifests::read_dir(&spec.bundle.clusterctl_crds())?);
+        let ca = std::fs::read(&spec.pki.server_ca.cert)
+            .map_err(error::io("read server CA", &spec.pki.server_ca.cert))?;
+        let serve = capi::Serve::Loopback(cp.ports.capi);
+        crds.extend(capi::crds(&spec.bundle, spec.capi.then_some(&serve), &ca)?);
         manifests::install(&client, &crds).await?;
         // Cluster API as `clusterctl init` leaves it: labelled CRDs and the provider inventory.
         capi::write_inventory(&client, &spec.bundle.capi_version()?).await?;

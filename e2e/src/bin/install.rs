@@ -13,7 +13,10 @@
 //! 4. **infrastructure**: the infrastructure cluster `lab-infra` becomes `Ready`, checked through
 //!    its own kubeconfig, not its status: three control-plane Nodes `Ready`, none tainted
 //!    `NoSchedule` (Cluster API and Bootsman will run on them).
-//! 5. **stop**: SIGTERM stops `install` cleanly; nothing listens at the bootstrap address.
+//! 5. **controllers**: Cluster API's managers and Bootsman's controllers run as Pods in
+//!    `lab-infra` from images in the lab registry (pushed first, as a site mirrors them): every
+//!    Deployment Available, and Cluster API's validating webhook answers through its Service.
+//! 6. **stop**: SIGTERM stops `install` cleanly; nothing listens at the bootstrap address.
 //!
 //! It writes `target/e2e/install.json`: the seconds of each phase. Exit code 0 only when every
 //! phase passed.
@@ -81,6 +84,8 @@ struct Install {
 impl Install {
     fn start(lab: &Lab, site: &Path, log: PathBuf) -> Result<Install> {
         let bundle = bootsman_testenv::Testbin::locate()?.dir.clone();
+        let chart = bootsman_testenv::repo_root().join("charts/bootsman");
+        let chart = chart.canonicalize().unwrap_or(chart);
         let file = std::fs::File::create(&log).map_err(bootsman_lab::error::io("create", &log))?;
         let err = file.try_clone().map_err(bootsman_lab::error::io("open", &log))?;
         let child = Command::new(lab.exe_dir().join("bootsmanctl"))
@@ -90,7 +95,7 @@ impl Install {
             .arg("--bundle")
             .arg(&bundle)
             .arg("--chart")
-            .arg(bootsman_testenv::repo_root().join("charts/bootsman"))
+            .arg(chart)
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
             .stdout(file)
@@ -211,7 +216,8 @@ async fn run(phases: &mut Vec<serde_json::Value>) -> Result<()> {
 
     let t = Instant::now();
     let lab = Lab::create()?;
-    let _registry = Registry::start(&lab)?;
+    let registry = Registry::start(&lab)?;
+    push_images(&lab, &registry)?;
     let backends: Vec<(String, Ipv4Addr)> = HOSTS
         .iter()
         .enumerate()
@@ -308,8 +314,8 @@ async fn run(phases: &mut Vec<serde_json::Value>) -> Result<()> {
         .wait_for("lab-infra Ready: Nodes", Duration::from_secs(1200))
         .await?;
     let kubeconfig = state.join("infrastructure.kubeconfig");
-    let client = client(&kubeconfig).await?;
-    let nodes = Api::<Node>::all(client)
+    let infra = client(&kubeconfig).await?;
+    let nodes = Api::<Node>::all(infra.clone())
         .list(&ListParams::default())
         .await
         .map_err(bootsman_lab::error::kube(
@@ -360,6 +366,13 @@ async fn run(phases: &mut Vec<serde_json::Value>) -> Result<()> {
     );
 
     let t = Instant::now();
+    install
+        .wait_for("the next step (the pivot", Duration::from_secs(900))
+        .await?;
+    let detail = check_controllers(&infra).await?;
+    phase("controllers", t, detail);
+
+    let t = Instant::now();
     let _ = Command::new("kill")
         .args(["-TERM", &install.child.id().to_string()])
         .status();
@@ -386,6 +399,109 @@ async fn run(phases: &mut Vec<serde_json::Value>) -> Result<()> {
     drop(hosts);
     drop(lb);
     Ok(())
+}
+
+/// The images the infrastructure cluster runs besides the Kubernetes ones the lab has: Cluster
+/// API's three managers (from the bundle's programs) and Bootsman's two controllers (from this
+/// workspace), under the names and tags `install` asks for.
+fn push_images(lab: &Lab, registry: &Registry) -> Result<()> {
+    let bundle = bootsman_testenv::Testbin::locate()?;
+    let version = bundle.capi_version()?;
+    for m in &bootsman_controlplane::capi::MANAGERS {
+        registry.push_program(
+            lab,
+            &format!("{}:{version}", m.image),
+            &bundle.bin(m.binary),
+            Some(65532),
+        )?;
+    }
+    let chart = bootsman_testenv::repo_root().join("charts/bootsman/Chart.yaml");
+    let text = std::fs::read_to_string(&chart).map_err(bootsman_lab::error::io("read", &chart))?;
+    let tag = text
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .ok_or_else(|| fail(format!("{} has no appVersion", chart.display())))?;
+    for bin in ["bootsman-provider", "bootsman-operator"] {
+        registry.push_program(
+            lab,
+            &format!("bootsman-io/{bin}:{tag}"),
+            &lab.exe_dir().join(bin),
+            Some(65532),
+        )?;
+    }
+    Ok(())
+}
+
+/// Through the infrastructure cluster's own API: every Deployment of Cluster API and Bootsman is
+/// Available, and Cluster API's webhooks answer through their Services (a server-side dry run of
+/// an invalid Cluster is refused by name by its validating webhook).
+async fn check_controllers(client: &kube::Client) -> Result<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let mut available = Vec::new();
+    for ns in [
+        "capi-system",
+        "capi-kubeadm-bootstrap-system",
+        "capi-kubeadm-control-plane-system",
+        "bootsman-system",
+    ] {
+        let list = Api::<Deployment>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(bootsman_lab::error::kube(format!("list the Deployments of {ns}")))?;
+        if list.items.is_empty() {
+            return Err(fail(format!("no Deployment in {ns}")));
+        }
+        for d in list.items {
+            let name = d.metadata.name.clone().unwrap_or_default();
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let have = d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0);
+            if have < want {
+                return Err(fail(format!(
+                    "{ns}/{name} has {have} of {want} replicas Available"
+                )));
+            }
+            available.push(format!("{ns}/{name}"));
+        }
+    }
+    let ar = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+        "cluster.x-k8s.io",
+        "v1beta2",
+        "Cluster",
+    ));
+    let cluster: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Cluster",
+        "metadata": {"name": "webhook-probe", "namespace": "default"},
+        "spec": {"clusterNetwork": {"pods": {"cidrBlocks": ["10.250.0.0/16"]}}},
+    }))
+    .map_err(|e| fail(e.to_string()))?;
+    // A Cluster without any reference is invalid: only Cluster API's validating webhook (called
+    // through its Service, trusting the webhook CA) refuses it, with its own name in the answer.
+    let answer = Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), "default", &ar)
+        .create(
+            &kube::api::PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &cluster,
+        )
+        .await;
+    match answer {
+        Err(kube::Error::Api(s))
+            if s.message
+                .contains("admission webhook \"validation.cluster.cluster.x-k8s.io\"") => {}
+        other => {
+            return Err(fail(format!(
+                "a Cluster without references should be refused by Cluster API's validating webhook; got {other:?}"
+            )));
+        }
+    }
+    Ok(format!(
+        "through the infrastructure cluster's API: {} Available; Cluster API's validating webhook answers \
+         through its Service",
+        available.join(", ")
+    ))
 }
 
 async fn client(kubeconfig: &Path) -> Result<kube::Client> {
