@@ -50,7 +50,7 @@ pub struct Bootstrap {
 }
 
 impl Bootstrap {
-    /// The admin kubeconfig (on loopback).
+    /// The admin kubeconfig (naming the API server at its address).
     pub fn kubeconfig(&self) -> &Path {
         self.cp.kubeconfig()
     }

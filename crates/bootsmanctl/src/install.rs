@@ -14,8 +14,7 @@
 //!    ([`Site::infrastructure_cluster`]) in the pool namespace, built by the bootstrap side's
 //!    controllers on the labelled hosts; progress is printed as its status changes; once it is
 //!    `Ready`, its admin kubeconfig goes to `<state>/infrastructure.kubeconfig` and its Nodes are
-//!    checked through it.
-//!
+//!    checked through it;
 //! 5. **controllers**: Cluster API and the Bootsman chart as Pods in the infrastructure cluster
 //!    ([`crate::controllers`]), until every Deployment is Available.
 //!
