@@ -47,6 +47,12 @@ pub use process::{Component, tail};
 /// Field manager of everything the control plane applies itself.
 pub const FIELD_MANAGER: &str = "bootsman-controlplane";
 
+/// The Service network of every control plane run here.
+pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+/// The `kubernetes` Service's address in it: how Pods reach the API server, so its serving
+/// certificate names it.
+pub const KUBERNETES_SERVICE_IP: &str = "10.0.0.1";
+
 /// How long a component may take to become ready.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -209,7 +215,7 @@ impl ControlPlane {
             serving: &spec.pki.apiserver,
             client_ca: &spec.pki.client_ca.cert,
             cert_dir: spec.dir.join("apiserver"),
-            service_cidr: "10.0.0.0/24",
+            service_cidr: SERVICE_CIDR,
             service_account_pub: &spec.pki.service_account_pub,
             service_account_key: &spec.pki.service_account_key,
         }
@@ -241,7 +247,7 @@ impl ControlPlane {
             format!("--root-ca-file={}", pki.server_ca.cert.display()),
             format!("--cluster-signing-cert-file={}", pki.client_ca.cert.display()),
             format!("--cluster-signing-key-file={}", pki.client_ca.key.display()),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
         ];
         if let Some(d) = spec.signing_duration {
             args.push(format!("--cluster-signing-duration={}s", d.as_secs()));

@@ -76,7 +76,8 @@ impl std::fmt::Debug for Pki {
 
 impl Pki {
     /// Opens the PKI in `dir`, making what is missing. `name` goes into the CAs' common names;
-    /// the API server's certificate names loopback, the in-cluster names, and `ips`.
+    /// the API server's certificate names loopback, the `kubernetes` Service (its address and
+    /// names, as Pods reach it), and `ips`.
     pub fn open(dir: &Path, name: &str, ips: &[IpAddr]) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(io("create PKI directory", dir))?;
         let (server_ca, server) = ca(dir, "server-ca", &format!("{name}-server-ca"))?;
@@ -106,6 +107,7 @@ impl Pki {
         let mut sans: Vec<String> = [
             "127.0.0.1",
             "localhost",
+            crate::KUBERNETES_SERVICE_IP,
             "kubernetes",
             "kubernetes.default",
             "kubernetes.default.svc",

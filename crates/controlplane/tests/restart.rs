@@ -90,6 +90,19 @@ async fn a_restarted_control_plane_keeps_its_ca_ports_and_objects() {
         got.data.unwrap_or_default().get("k").map(String::as_str),
         Some("v")
     );
+    // Pods reach the API server at the `kubernetes` Service's address: its certificate names it.
+    let mut as_pod = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(cp.kubeconfig()).expect("kubeconfig"),
+        &Default::default(),
+    )
+    .await
+    .expect("config");
+    as_pod.tls_server_name = Some(bootsman_controlplane::KUBERNETES_SERVICE_IP.into());
+    let as_pod = kube::Client::try_from(as_pod).expect("client");
+    Api::<ConfigMap>::namespaced(as_pod, "default")
+        .get("kept")
+        .await
+        .expect("the serving certificate names the kubernetes Service's address");
     // Bootsman's CRDs are served.
     let hosts: Api<bootsman_api::v1beta1::ByoHost> = Api::all(cp.client().await.expect("client"));
     hosts
