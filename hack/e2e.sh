@@ -4,10 +4,11 @@
 # BootsmanCluster built into a 3 + 3 cluster, a workload behind a Service, workers scaled 3 -> 4,
 # the control plane 3 -> 5, a worker host killed and booted again, and the cluster deleted with
 # every host reset and Available again. See e2e/src/main.rs for what each phase checks. Then
-# `bootsmanctl install` on three more lab hosts: the bootstrap control plane, enrolment with the
-# printed tokens, the infrastructure cluster built to three Ready Nodes, with the install killed
-# (SIGKILL) half-way and resumed, then Cluster API and Bootsman as Pods in it
-# (e2e/src/bin/install.rs).
+# `bootsmanctl install` on six lab hosts: the bootstrap control plane, enrolment with the printed
+# tokens, the infrastructure cluster built to three Ready Nodes with the install killed (SIGKILL)
+# half-way and resumed, Cluster API and Bootsman as Pods in it, the pivot into it (killed during
+# and after it) and the bootstrap side's teardown, then a child cluster built by the
+# infrastructure cluster from the three free hosts (e2e/src/bin/install.rs).
 #
 #   hack/e2e.sh        (as root; hack/test.sh runs it)
 #
@@ -48,7 +49,7 @@ target/debug/bootsman-lab down
 target/debug/bootsman-e2e
 done_step
 
-step "bootsman-e2e-install (bootsmanctl install on lab hosts, killed and resumed)"
+step "bootsman-e2e-install (bootsmanctl install on lab hosts: killed and resumed, pivot, child cluster)"
 target/debug/bootsman-lab down
 target/debug/bootsman-e2e-install
 done_step

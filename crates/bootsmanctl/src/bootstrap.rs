@@ -8,7 +8,9 @@
 //!
 //! Everything runs as children of `bootsmanctl` and dies with it (`setpriv --pdeathsig`): a
 //! second `install` starts the same control plane again from the folder, with the same CA,
-//! ports and objects, and the enrolled hosts reconnect.
+//! ports and objects, and the enrolled hosts reconnect. Once the pivot has begun, the Bootsman
+//! controllers are never started here again (see [`crate::pivot`]): the objects they would act
+//! on belong to the infrastructure cluster by then.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -57,8 +59,14 @@ impl Bootstrap {
 }
 
 /// Starts (or starts again, from the saved folder) the bootstrap control plane of `site`,
-/// installs or upgrades the chart, and starts the controllers; returns when they are ready.
-pub async fn start(site: &Site, sources: &Sources, say: &mut dyn FnMut(&str)) -> anyhow::Result<Bootstrap> {
+/// installs or upgrades the chart, and, with `controllers`, starts Bootsman's controllers;
+/// returns when they are ready.
+pub async fn start(
+    site: &Site,
+    sources: &Sources,
+    controllers: bool,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<Bootstrap> {
     let dir = site.state_dir().join("bootstrap");
     let address: IpAddr = site
         .spec
@@ -116,6 +124,11 @@ pub async fn start(site: &Site, sources: &Sources, say: &mut dyn FnMut(&str)) ->
         sources.chart.display()
     ));
 
+    let ca_pem = std::fs::read(&pki.files().server_ca.cert).context("read the bootstrap CA")?;
+    if !controllers {
+        say("bootsman-provider and bootsman-operator stay stopped here: the pivot has begun");
+        return Ok(Bootstrap { cp, server, ca_pem });
+    }
     let mut ready = Vec::new();
     for name in CONTROLLERS {
         let program = program(&bundle, name)?;
@@ -128,8 +141,6 @@ pub async fn start(site: &Site, sources: &Sources, say: &mut dyn FnMut(&str)) ->
     say(
         "bootsman-provider and bootsman-operator running next to it, with their chart ServiceAccounts' rights",
     );
-
-    let ca_pem = std::fs::read(&pki.files().server_ca.cert).context("read the bootstrap CA")?;
     Ok(Bootstrap { cp, server, ca_pem })
 }
 

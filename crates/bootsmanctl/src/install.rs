@@ -4,7 +4,8 @@
 //!
 //! 1. **preflight**: the Site file and this machine ([`crate::site::check`], [`crate::site::probe`]);
 //! 2. **bootstrap**: the bootstrap control plane `<site>-control-plane` and Bootsman's controllers
-//!    next to it ([`crate::bootstrap`]), started again on every run from the saved folder;
+//!    next to it ([`crate::bootstrap`]), started again on every run from the saved folder until
+//!    the teardown (without the controllers once the pivot has begun);
 //! 3. **enrol**: the pool namespace; a one-time token pinned to each Site host that has not
 //!    enrolled (its bootstrap kubeconfig under `<state>/enrol/<host>.kubeconfig`, kept across
 //!    runs while the token lives); the commands to run on each server; then it waits until the
@@ -16,14 +17,19 @@
 //!    `Ready`, its admin kubeconfig goes to `<state>/infrastructure.kubeconfig` and its Nodes are
 //!    checked through it;
 //! 5. **controllers**: Cluster API and the Bootsman chart as Pods in the infrastructure cluster
-//!    ([`crate::controllers`]), until every Deployment is Available.
+//!    ([`crate::controllers`]), until every Deployment is Available;
+//! 6. **pivot**: the pool's objects and every host's agent move into the infrastructure cluster,
+//!    verified there ([`crate::pivot`]);
+//! 7. **teardown**: the bootstrap control plane stops and its folder (with the saved objects and
+//!    any enrolment kubeconfig left) is deleted. What stays in the state folder is
+//!    `infrastructure.kubeconfig`, `state.json` and the webhook CA (`infrastructure/pki`);
+//!    `install` then exits 0. A later `install` of the installed site starts nothing here: it
+//!    runs the controllers step again (the webhook serving certificates issued anew, the chart
+//!    upgraded), which is how those certificates are renewed.
 //!
-//! The steps after these (the pivot, the teardown) are not in this release: `install` says so
-//! and keeps the bootstrap control plane serving until Ctrl-C or SIGTERM. Either signal stops it
-//! at any step, cleanly.
-//!
-//! One `install` runs per site at a time (a lock on `<state>/install.lock`); the steps done are
-//! recorded in `<state>/state.json`, written atomically.
+//! SIGINT or SIGTERM stops `install` at any step, cleanly. One `install` runs per site at a time
+//! (a lock on `<state>/install.lock`); the steps done are recorded in `<state>/state.json`,
+//! written atomically.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -40,6 +46,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 
 use crate::bootstrap::{self, Bootstrap, Sources};
 use crate::controllers;
+use crate::pivot;
 use crate::site::{self, Site, State};
 use crate::token;
 
@@ -82,9 +89,9 @@ impl Progress {
     }
 }
 
-/// Runs the install of `site` as far as this release goes, then serves until a signal. SIGINT
-/// or SIGTERM stops it at any step: everything it started stops, the state stays, and the next
-/// `install` continues.
+/// Runs the install of `site` from the first step its saved state does not record as done to
+/// the end. SIGINT or SIGTERM stops it at any step: everything it started stops, the state
+/// stays, and the next `install` continues.
 pub async fn run(site: &Site, opts: &Options, out: &mut impl Write) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let p = Progress {
@@ -142,16 +149,44 @@ fn refuse(
     )
 }
 
-/// The steps, then serving until the process is stopped.
+/// The steps not done yet.
 async fn steps(site: &Site, opts: &Options, p: Progress, out: &mut impl Write) -> anyhow::Result<()> {
     let state_dir = site.state_dir();
     let mut state = State::load(site)?;
     let say = |out: &mut dyn Write, step: &str, msg: &str| p.say(out, step, msg);
+    let kubeconfig = state_dir.join("infrastructure.kubeconfig");
+    if state.is_done("teardown") {
+        // An installed site: the controllers step again (webhook serving certificates issued
+        // anew, the chart upgraded to this release's), nothing started here.
+        say(
+            out,
+            "controllers",
+            &format!(
+                "site {} is installed; refreshing Cluster API and Bootsman in {} (webhook certificates issued again, \
+                 chart upgraded)",
+                site.metadata.name,
+                site.infrastructure_name()
+            ),
+        );
+        controllers_step(site, opts, &kubeconfig, &mut |m| say(out, "controllers", m)).await?;
+        say(
+            out,
+            "done",
+            &format!(
+                "site {} is installed: {} runs Cluster API and Bootsman on its own hosts (KUBECONFIG={}); its \
+                 controllers are refreshed, nothing else to do",
+                site.metadata.name,
+                site.infrastructure_name(),
+                kubeconfig.display()
+            ),
+        );
+        return Ok(());
+    }
 
     // This machine and the network, once this install holds the site's lock.
     refuse(site, &p, site::probe(site), out)?;
     say(out, "preflight", "passed");
-    mark(&mut state, site, "preflight")?;
+    state.mark(site, "preflight")?;
 
     say(
         out,
@@ -162,52 +197,101 @@ async fn steps(site: &Site, opts: &Options, p: Progress, out: &mut impl Write) -
             state_dir.display()
         ),
     );
-    let boot = bootstrap::start(site, &opts.sources, &mut |m| say(out, "bootstrap", m)).await?;
-    mark(&mut state, site, "bootstrap")?;
+    // Once the pivot has begun, nothing on the bootstrap side may act on the pool's hosts again.
+    let pivoting = state.is_done("pivot:paused");
+    let mut boot =
+        bootstrap::start(site, &opts.sources, !pivoting, &mut |m| say(out, "bootstrap", m)).await?;
+    state.mark(site, "bootstrap")?;
     say(
         out,
         "bootstrap",
         &format!("admin kubeconfig: {}", boot.kubeconfig().display()),
     );
-
-    enrol(site, &boot, opts, &mut |m| say(out, "enrol", m)).await?;
-    mark(&mut state, site, "enrol")?;
-
-    let kubeconfig = infrastructure(site, &boot, &mut |m| say(out, "infrastructure", m)).await?;
-    mark(&mut state, site, "infrastructure")?;
-
-    let infra = bootsman_controlplane::client_from(&kubeconfig).await?;
     let bundle = bootsman_controlplane::Bundle::open(&opts.sources.bundle).context("--bundle")?;
-    controllers::install(
+
+    if !pivoting {
+        enrol(site, &boot, opts, &mut |m| say(out, "enrol", m)).await?;
+        state.mark(site, "enrol")?;
+
+        infrastructure(site, &boot, &kubeconfig, &mut |m| say(out, "infrastructure", m)).await?;
+        state.mark(site, "infrastructure")?;
+
+        controllers_step(site, opts, &kubeconfig, &mut |m| say(out, "controllers", m)).await?;
+        state.mark(site, "controllers")?;
+        say(
+            out,
+            "controllers",
+            &format!(
+                "every Deployment Available: Cluster API and Bootsman run as Pods in {}",
+                site.infrastructure_name()
+            ),
+        );
+    }
+
+    let report = pivot::run(
         site,
+        &mut boot,
         &bundle,
-        &opts.sources.chart,
-        &infra,
         &kubeconfig,
-        &mut |m| say(out, "controllers", m),
+        &mut state,
+        opts.token_ttl,
+        &mut |m| say(out, "pivot", m),
     )
     .await?;
-    mark(&mut state, site, "controllers")?;
-
     say(
         out,
         "pivot",
         &format!(
-            "the next step (the pivot into {}) is not in this release of bootsmanctl; the infrastructure cluster \
-             runs Cluster API and Bootsman (KUBECONFIG={}), and the bootstrap control plane {} keeps serving at {} \
-             until Ctrl-C (KUBECONFIG={})",
-            site.infrastructure_name(),
-            kubeconfig.display(),
-            site.bootstrap_name(),
-            boot.server,
-            boot.kubeconfig().display()
+            "verified: {} objects moved, {} hosts re-homed, {} bindings equal on both sides",
+            report.objects, report.hosts, report.bindings
         ),
     );
-    // Serve until stopped; a component that dies ends the install with its log.
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        boot.cp.check_running()?;
+
+    boot.cp.stop();
+    drop(boot);
+    for d in ["bootstrap", "pivot", "enrol"] {
+        let path = state_dir.join(d);
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("delete {}", path.display())),
+        }
     }
+    state.mark(site, "teardown")?;
+    say(
+        out,
+        "teardown",
+        &format!(
+            "{} stopped and deleted (its folder, the saved objects and the enrolment files)",
+            site.bootstrap_name()
+        ),
+    );
+    say(
+        out,
+        "done",
+        &format!(
+            "site {} is installed: {} runs Cluster API and Bootsman on its own hosts and manages pool {}; \
+             KUBECONFIG={}",
+            site.metadata.name,
+            site.infrastructure_name(),
+            site.spec.pool,
+            kubeconfig.display()
+        ),
+    );
+    Ok(())
+}
+
+/// The controllers step: Cluster API and Bootsman into the infrastructure cluster of
+/// `kubeconfig` ([`controllers::install`]).
+async fn controllers_step(
+    site: &Site,
+    opts: &Options,
+    kubeconfig: &Path,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
+    let bundle = bootsman_controlplane::Bundle::open(&opts.sources.bundle).context("--bundle")?;
+    let infra = bootsman_controlplane::client_from(kubeconfig).await?;
+    controllers::install(site, &bundle, &opts.sources.chart, &infra, kubeconfig, say).await
 }
 
 /// Takes the site's install lock, or says which process holds it.
@@ -236,17 +320,6 @@ fn lock(dir: &Path, site: &Site) -> anyhow::Result<std::fs::File> {
         }
         Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("lock {}", path.display())),
     }
-}
-
-/// Records step `name` as done (once), atomically.
-fn mark(state: &mut State, site: &Site, name: &str) -> anyhow::Result<()> {
-    if state.done.iter().any(|d| d == name) {
-        return Ok(());
-    }
-    state.done.push(name.to_string());
-    let path = site.state_dir().join("state.json");
-    replace_file(&path, &serde_json::to_vec_pretty(state)?, 0o600)
-        .with_context(|| format!("write {}", path.display()))
 }
 
 /// The enrolment step (see the module header).
@@ -351,9 +424,14 @@ async fn enrol(
 
 /// The infrastructure step: applies the infrastructure cluster's BootsmanCluster
 /// ([`Site::infrastructure_cluster`]), reports its progress as its status changes, and once it
-/// is `Ready` writes its admin kubeconfig to `<state>/infrastructure.kubeconfig` (0600) and checks
-/// through it that every control-plane Node is `Ready`. Returns the kubeconfig's path.
-async fn infrastructure(site: &Site, boot: &Bootstrap, say: &mut dyn FnMut(&str)) -> anyhow::Result<PathBuf> {
+/// is `Ready` writes its admin kubeconfig to `path` (`<state>/infrastructure.kubeconfig`, 0600)
+/// and checks through it that every control-plane Node is `Ready`.
+async fn infrastructure(
+    site: &Site,
+    boot: &Bootstrap,
+    path: &Path,
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<()> {
     let client = boot.cp.client().await?;
     let name = site.infrastructure_name();
     let pool = &site.spec.pool;
@@ -413,9 +491,8 @@ async fn infrastructure(site: &Site, boot: &Bootstrap, say: &mut dyn FnMut(&str)
         .data
         .and_then(|mut d| d.remove("value"))
         .with_context(|| format!("Secret {pool}/{secret} has no key value"))?;
-    let path = site.state_dir().join("infrastructure.kubeconfig");
-    replace_file(&path, &data.0, 0o600).with_context(|| format!("write {}", path.display()))?;
-    let infra = bootsman_controlplane::client_from(&path).await?;
+    replace_file(path, &data.0, 0o600).with_context(|| format!("write {}", path.display()))?;
+    let infra = bootsman_controlplane::client_from(path).await?;
     let nodes = Api::<Node>::all(infra)
         .list(&ListParams::default())
         .await
@@ -444,7 +521,7 @@ async fn infrastructure(site: &Site, boot: &Bootstrap, say: &mut dyn FnMut(&str)
         ready.join(", "),
         path.display()
     ));
-    Ok(path)
+    Ok(())
 }
 
 /// Names of the ByoHosts in the pool.

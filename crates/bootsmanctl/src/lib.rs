@@ -14,6 +14,7 @@ pub mod controllers;
 pub mod diagnose;
 pub mod hosts;
 pub mod install;
+pub mod pivot;
 pub mod rehome;
 pub mod site;
 pub mod status;

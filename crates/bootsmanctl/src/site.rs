@@ -631,6 +631,23 @@ impl State {
             Err(e) => Err(anyhow::anyhow!("read {}: {e}", path.display())),
         }
     }
+
+    /// Whether step (or part of a step) `name` is recorded as done.
+    pub fn is_done(&self, name: &str) -> bool {
+        self.done.iter().any(|d| d == name)
+    }
+
+    /// Records step (or part of a step) `name` as done, once, and saves the state of `site`
+    /// atomically.
+    pub fn mark(&mut self, site: &Site, name: &str) -> anyhow::Result<()> {
+        if self.is_done(name) {
+            return Ok(());
+        }
+        self.done.push(name.to_string());
+        let path = site.state_dir().join("state.json");
+        bootsman_runtime::fs::replace_file(&path, &serde_json::to_vec_pretty(self)?, 0o600)
+            .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))
+    }
 }
 
 /// One step of the install.
@@ -723,7 +740,7 @@ pub fn plan(site: &Site, state: &State) -> Vec<Step> {
         .map(|(name, what)| Step {
             name,
             what,
-            done: state.done.iter().any(|d| d == name),
+            done: state.is_done(name),
         })
         .collect()
 }

@@ -307,6 +307,16 @@ impl ControlPlane {
         self.components.push(c);
     }
 
+    /// Stops the component called `name` and forgets it (a controller that must not run any
+    /// more while the control plane goes on serving). Returns whether one ran under that name.
+    pub fn stop_component(&mut self, name: &str) -> bool {
+        let Some(i) = self.components.iter().position(|c| c.name() == name) else {
+            return false;
+        };
+        self.components.remove(i).stop();
+        true
+    }
+
     /// An admin client (`system:masters`).
     pub async fn client(&self) -> Result<kube::Client> {
         client_from(&self.kubeconfig).await

@@ -4,8 +4,9 @@
 //! 1. **bootstrap**: the lab network and registry, HAProxy at the infrastructure cluster's
 //!    endpoint (the site's load balancer), and a Site whose bootstrap side is the lab gateway;
 //!    `bootsmanctl install -f site.yaml` starts `lab-control-plane` and prints a command per host.
-//! 2. **enrol**: three lab hosts install `byoh-agent` from the project's `.deb` with the
-//!    bootstrap kubeconfig `install` wrote for each; `install` labels them as the Site says.
+//! 2. **enrol**: six lab hosts (three for the infrastructure cluster, three free) install
+//!    `byoh-agent` from the project's `.deb` with the bootstrap kubeconfig `install` wrote for
+//!    each; `install` labels them as the Site says.
 //! 3. **kill**: while the infrastructure cluster is being built (once its first control-plane
 //!    machine is ready), `install` gets SIGKILL: everything it started dies with it. Then a
 //!    second `install` restarts the bootstrap side from the state folder (same CA: the agents
@@ -16,10 +17,21 @@
 //! 5. **controllers**: Cluster API's managers and Bootsman's controllers run as Pods in
 //!    `lab-infra` from images in the lab registry (pushed first, as a site mirrors them): every
 //!    Deployment Available, and Cluster API's validating webhook answers through its Service.
-//! 6. **stop**: SIGTERM stops `install` cleanly; nothing listens at the bootstrap address.
+//! 6. **pivot**: `install` pauses the bootstrap side, saves the pool's objects and moves them
+//!    into `lab-infra`; once they are saved it gets SIGKILL again, and the next `install`
+//!    continues without starting the bootstrap side's Bootsman controllers. Once it has verified
+//!    the pivot it is killed a third time; a fourth `install` tears the bootstrap side down and
+//!    exits 0. Checked from outside: nothing listens at the bootstrap address and its folder is
+//!    gone; through `lab-infra`, the six ByoHosts are there with the bindings the bootstrap side
+//!    had, each host's Lease renewed there, the Machines and Nodes of `lab-infra` the same as
+//!    before (no host was reset or rebuilt). A fifth `install` says the site is installed,
+//!    starts nothing here and refreshes the controllers (their webhook certificates issued anew).
+//! 7. **child**: a BootsmanCluster `lab-apps` applied to the infrastructure cluster is built by
+//!    its Pods from the three free hosts (re-homed by the pivot): three schedulable
+//!    control-plane Nodes `Ready` through its own kubeconfig, each host bound exactly once.
 //!
-//! It writes `target/e2e/install.json`: the seconds of each phase. Exit code 0 only when every
-//! phase passed.
+//! It writes `target/e2e/install.json`: the seconds of each phase, the objects moved and the
+//! hosts re-homed. Exit code 0 only when every phase passed.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -41,6 +53,10 @@ const SITE: &str = "lab";
 const POOL: &str = "bootsman-hosts";
 /// The infrastructure hosts.
 const HOSTS: [&str; 3] = ["infra-1", "infra-2", "infra-3"];
+/// The free hosts, for a child cluster once the site is installed.
+const FREE: [&str; 3] = ["apps-1", "apps-2", "apps-3"];
+/// The child cluster built from the free hosts.
+const CHILD: &str = "lab-apps";
 /// The bootstrap API server's port on the lab gateway.
 const BOOTSTRAP_PORT: u16 = 6443;
 
@@ -131,6 +147,27 @@ impl Install {
     }
 }
 
+impl Install {
+    /// Waits for the install to exit by itself within `timeout`.
+    async fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Ok(s);
+            }
+            if Instant::now() > deadline {
+                let now = std::fs::read_to_string(&self.log).unwrap_or_default();
+                return Err(fail(format!(
+                    "bootsmanctl install did not exit within {}s; its output:\n{}",
+                    timeout.as_secs(),
+                    tail(&now, 20)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
 impl Drop for Install {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -156,12 +193,18 @@ fn tail(text: &str, lines: usize) -> String {
 fn site_file(lab: &Lab) -> Result<PathBuf> {
     let hosts: Vec<_> = HOSTS
         .iter()
+        .chain(FREE.iter())
         .enumerate()
         .map(|(i, name)| {
+            let labels = if i < HOSTS.len() {
+                json!({"bootsman.io/infrastructure": "true"})
+            } else {
+                json!({"bootsman.io/role": "apps"})
+            };
             json!({
                 "name": name,
                 "address": net::host_address(u8::try_from(i + 1).unwrap_or(1)).to_string(),
-                "labels": {"bootsman.io/infrastructure": "true"},
+                "labels": labels,
             })
         })
         .collect();
@@ -248,7 +291,7 @@ async fn run(phases: &mut Vec<serde_json::Value>) -> Result<()> {
     let t = Instant::now();
     let deb = agent_package()?;
     let mut hosts = Vec::new();
-    for (i, name) in HOSTS.iter().enumerate() {
+    for (i, name) in HOSTS.iter().chain(FREE.iter()).enumerate() {
         let n = u8::try_from(i + 1).unwrap_or(1);
         let host = LabHost::boot(&lab, n, name)?;
         let kc_path = state.join(format!("enrol/{name}.kubeconfig"));
@@ -273,27 +316,16 @@ async fn run(phases: &mut Vec<serde_json::Value>) -> Result<()> {
     phase(
         "enrol",
         t,
-        "3 lab hosts installed byoh-agent from the .deb with the printed tokens; labelled".into(),
+        "6 lab hosts installed byoh-agent from the .deb with the printed tokens; the 3 infrastructure hosts \
+         labelled"
+            .into(),
     );
 
     let t = Instant::now();
     install
         .wait_for("control plane 1/3 ready", Duration::from_secs(900))
         .await?;
-    install
-        .child
-        .kill()
-        .map_err(bootsman_lab::error::io("kill -9", &install.log))?;
-    let _ = install.child.wait();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::net::TcpStream::connect((net::GATEWAY, BOOTSTRAP_PORT)).is_ok() {
-        if Instant::now() > deadline {
-            return Err(fail(
-                "the bootstrap API server outlived a kill -9 of install".into(),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    kill(&mut install).await?;
     let mut install = Install::start(&lab, &site, lab.dir().join("install-2.log"))?;
     install
         .wait_for(
@@ -367,38 +399,335 @@ async fn run(phases: &mut Vec<serde_json::Value>) -> Result<()> {
 
     let t = Instant::now();
     install
-        .wait_for("the next step (the pivot", Duration::from_secs(900))
+        .wait_for("every Deployment Available", Duration::from_secs(900))
         .await?;
     let detail = check_controllers(&infra).await?;
     phase("controllers", t, detail);
 
     let t = Instant::now();
+    let boot_kubeconfig = state.join("bootstrap/admin.kubeconfig");
+    let source = client(&boot_kubeconfig).await?;
+    let before = bindings(&source).await?;
+    let infra_machines = machines(&source).await?;
+    let infra_nodes = node_uids(&infra).await?;
+    install.wait_for("saved to", Duration::from_secs(600)).await?;
+    kill(&mut install).await?;
+    let mut install = Install::start(&lab, &site, lab.dir().join("install-3.log"))?;
+    install
+        .wait_for(
+            "bootsman-provider and bootsman-operator stay stopped here",
+            Duration::from_secs(300),
+        )
+        .await?;
+    // Ctrl-C in the middle of the pivot: a clean stop, and the next install goes on.
     let _ = Command::new("kill")
         .args(["-TERM", &install.child.id().to_string()])
         .status();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Ok(Some(s)) = install.child.try_wait() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            return Err(fail("install did not stop within 60s of SIGTERM".into()));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let status = install.wait_exit(Duration::from_secs(60)).await?;
     if !status.success() || std::net::TcpStream::connect((net::GATEWAY, BOOTSTRAP_PORT)).is_ok() {
         return Err(fail(format!(
             "install exited with {status} on SIGTERM, or its API server still answers"
         )));
     }
+    let mut install = Install::start(&lab, &site, lab.dir().join("install-3b.log"))?;
+    install
+        .wait_for(
+            "bootsman-provider and bootsman-operator stay stopped here",
+            Duration::from_secs(300),
+        )
+        .await?;
+    let verified = install
+        .wait_for("objects moved, ", Duration::from_secs(900))
+        .await?;
+    kill(&mut install).await?;
+    let line = verified
+        .lines()
+        .find(|l| l.contains("objects moved, "))
+        .unwrap_or_default()
+        .to_string();
+    let mut install = Install::start(&lab, &site, lab.dir().join("install-4.log"))?;
+    install.wait_for("is installed", Duration::from_secs(600)).await?;
+    let status = install.wait_exit(Duration::from_secs(30)).await?;
+    if !status.success() {
+        return Err(fail(format!(
+            "the install that finished the pivot exited with {status}"
+        )));
+    }
+    if std::net::TcpStream::connect((net::GATEWAY, BOOTSTRAP_PORT)).is_ok()
+        || state.join("bootstrap").exists()
+    {
+        return Err(fail(
+            "after the teardown the bootstrap API server still answers, or its folder is still there".into(),
+        ));
+    }
+    let after = bindings(&infra).await?;
+    if after != before {
+        return Err(fail(format!(
+            "the hosts' bindings changed in the pivot: before {before:?}, after {after:?}"
+        )));
+    }
+    let rehomed = leases_renewed(&infra, &after).await?;
+    if machines(&infra).await? != infra_machines || node_uids(&infra).await? != infra_nodes {
+        return Err(fail(
+            "lab-infra's Machines or Nodes changed in the pivot: a host was reset or rebuilt".into(),
+        ));
+    }
+    let mut again = Install::start(&lab, &site, lab.dir().join("install-5.log"))?;
+    again
+        .wait_for("nothing else to do", Duration::from_secs(300))
+        .await?;
+    let status = again.wait_exit(Duration::from_secs(30)).await?;
+    if !status.success() {
+        return Err(fail(format!("install of an installed site exited with {status}")));
+    }
+    let (objects, moved_hosts) = numbers(&line);
     phase(
-        "stop",
+        "pivot",
         t,
-        "SIGTERM: install exited 0 and stopped everything it started".into(),
+        format!(
+            "killed (SIGKILL) once the objects were saved, stopped (SIGTERM, exit 0) on the next start, killed \
+             again once the pivot was verified; the next install tore the bootstrap side down and exited 0. {objects} objects moved, {moved_hosts} hosts re-homed \
+             (Leases renewed on lab-infra: {rehomed}); bindings as before ({}); lab-infra's Machines and Nodes \
+             unchanged; a further install starts nothing here and refreshes the controllers",
+            after
+                .iter()
+                .map(|(h, m)| format!("{h}→{}", m.as_deref().unwrap_or("free")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     );
+
+    let t = Instant::now();
+    let free: Vec<(String, Ipv4Addr)> = FREE
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                (*n).to_string(),
+                net::host_address(u8::try_from(HOSTS.len() + i + 1).unwrap_or(1)),
+            )
+        })
+        .collect();
+    let child_lb = LoadBalancer::start(&lab, net::endpoint(1), 6443, &free)?;
+    let detail = child_cluster(&lab, &infra).await?;
+    phase("child", t, detail);
+    if let Some(e) = phases.iter_mut().find(|e| e["name"] == "pivot") {
+        e["objectsMoved"] = json!(objects);
+        e["hostsRehomed"] = json!(moved_hosts);
+    }
+    drop(child_lb);
     drop(hosts);
     drop(lb);
     Ok(())
+}
+
+/// SIGKILL to `install`; fails when its bootstrap API server outlives it.
+async fn kill(install: &mut Install) -> Result<()> {
+    install
+        .child
+        .kill()
+        .map_err(bootsman_lab::error::io("kill -9", &install.log))?;
+    let _ = install.child.wait();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::net::TcpStream::connect((net::GATEWAY, BOOTSTRAP_PORT)).is_ok() {
+        if Instant::now() > deadline {
+            return Err(fail(
+                "the bootstrap API server outlived a kill -9 of install".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// The numbers of `verified: N objects moved, M hosts re-homed, …`.
+fn numbers(line: &str) -> (u64, u64) {
+    let after = line.split("verified:").nth(1).unwrap_or_default();
+    let mut n = after
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .filter_map(|w| w.parse::<u64>().ok());
+    (n.next().unwrap_or(0), n.next().unwrap_or(0))
+}
+
+/// Host → the ByoMachine it is bound to, in the pool.
+async fn bindings(client: &kube::Client) -> Result<std::collections::BTreeMap<String, Option<String>>> {
+    use bootsman_api::v1beta1::ByoHost;
+    let list = Api::<ByoHost>::namespaced(client.clone(), POOL)
+        .list(&ListParams::default())
+        .await
+        .map_err(bootsman_lab::error::kube("list the pool's ByoHosts"))?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|h| {
+            let m = h.spec.machine_ref.map(|r| r.name);
+            (h.metadata.name.unwrap_or_default(), m)
+        })
+        .collect())
+}
+
+/// Sorted names of the Machines in the pool.
+async fn machines(client: &kube::Client) -> Result<Vec<String>> {
+    let list = Api::<bootsman_api::capi::Machine>::namespaced(client.clone(), POOL)
+        .list(&ListParams::default())
+        .await
+        .map_err(bootsman_lab::error::kube("list the pool's Machines"))?;
+    let mut n: Vec<String> = list.items.into_iter().filter_map(|m| m.metadata.name).collect();
+    n.sort();
+    Ok(n)
+}
+
+/// Node name → uid (a Node that re-joined after a reset has a new uid).
+async fn node_uids(client: &kube::Client) -> Result<std::collections::BTreeMap<String, String>> {
+    let list = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(bootsman_lab::error::kube("list the Nodes"))?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|n| {
+            (
+                n.metadata.name.unwrap_or_default(),
+                n.metadata.uid.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// How many of `hosts` have a Lease renewed in the last minute in the pool of `client`; fails
+/// naming those without.
+async fn leases_renewed(
+    client: &kube::Client,
+    hosts: &std::collections::BTreeMap<String, Option<String>>,
+) -> Result<usize> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let api: Api<Lease> = Api::namespaced(client.clone(), POOL);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let mut stale = Vec::new();
+    for h in hosts.keys() {
+        let renewed = api
+            .get_opt(h)
+            .await
+            .map_err(bootsman_lab::error::kube(format!("read the Lease of {h}")))?
+            .and_then(|l| l.spec?.renew_time)
+            .is_some_and(|t| now.duration_since(t.0).as_secs() < 60);
+        if !renewed {
+            stale.push(h.clone());
+        }
+    }
+    if !stale.is_empty() {
+        return Err(fail(format!(
+            "no Lease renewed on lab-infra in the last minute for {}",
+            stale.join(", ")
+        )));
+    }
+    Ok(hosts.len())
+}
+
+/// Applies the BootsmanCluster [`CHILD`] to the infrastructure cluster, on the free hosts, and
+/// waits until its three Nodes are `Ready` through its own kubeconfig.
+async fn child_cluster(lab: &Lab, infra: &kube::Client) -> Result<String> {
+    use bootsman_api::v1alpha1::BootsmanCluster;
+    use kube::api::{Patch, PatchParams};
+    let body = json!({
+        "apiVersion": "bootsman.io/v1alpha1",
+        "kind": "BootsmanCluster",
+        "metadata": {"name": CHILD, "namespace": POOL},
+        "spec": {
+            "kubernetesVersion": lab.labbin().kubernetes_version,
+            "imageRepository": net::registry(),
+            "controlPlane": {
+                "replicas": 3,
+                "schedulable": true,
+                "hostSelector": {"matchLabels": {"bootsman.io/role": "apps"}},
+                "endpoint": {"host": net::endpoint(1).to_string(), "port": 6443, "loadBalancer": "external"},
+            },
+            "workers": [{"name": "default", "replicas": 0}],
+            "network": {
+                "cni": "kube-router",
+                "podCIDR": "10.245.0.0/16",
+                "serviceCIDR": "10.112.0.0/12",
+                "kubeProxy": {"conntrackMaxPerCore": 0},
+            },
+            "storage": {"longhorn": {"enabled": false}},
+            "ingress": {"nginx": {"enabled": false}},
+            "nodes": {
+                "allowCgroupV1": true,
+                "kubelet": {
+                    "evictionHard": {"nodefs.available": DISK_RESERVE, "imagefs.available": DISK_RESERVE},
+                    "imageGCHighThresholdPercent": 100,
+                    "imageGCLowThresholdPercent": 95,
+                },
+            },
+        },
+    });
+    let api: Api<BootsmanCluster> = Api::namespaced(infra.clone(), POOL);
+    api.patch(
+        CHILD,
+        &PatchParams::apply("bootsman-e2e-install").force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(bootsman_lab::error::kube(format!(
+        "apply BootsmanCluster {POOL}/{CHILD}"
+    )))?;
+    let deadline = Instant::now() + Duration::from_secs(1200);
+    let secret = loop {
+        let bc = api.get(CHILD).await.map_err(bootsman_lab::error::kube(format!(
+            "read BootsmanCluster {POOL}/{CHILD}"
+        )))?;
+        let status = bc.status.unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        if ready && let Some(s) = status.kubeconfig_secret.clone() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            return Err(fail(format!(
+                "{CHILD} not Ready within 1200s on the infrastructure cluster: {:?}",
+                status.conditions
+            )));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    };
+    let data = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(infra.clone(), POOL)
+        .get(&secret)
+        .await
+        .map_err(bootsman_lab::error::kube(format!("read Secret {POOL}/{secret}")))?
+        .data
+        .and_then(|mut d| d.remove("value"))
+        .ok_or_else(|| fail(format!("Secret {POOL}/{secret} has no key value")))?;
+    let path = lab.dir().join(format!("{CHILD}.kubeconfig"));
+    std::fs::write(&path, &data.0).map_err(bootsman_lab::error::io("write", &path))?;
+    let (control_plane, workers) = bootsman_lab::demo::ready_nodes(&path).await?;
+    if control_plane != 3 || workers != 0 {
+        return Err(fail(format!(
+            "{CHILD} has {control_plane} control-plane and {workers} worker Nodes Ready through its own kubeconfig, \
+             not 3 and 0"
+        )));
+    }
+    let bound = bindings(infra).await?;
+    let mut used: Vec<&str> = bound
+        .iter()
+        .filter(|(h, m)| FREE.contains(&h.as_str()) && m.is_some())
+        .map(|(h, _)| h.as_str())
+        .collect();
+    used.sort_unstable();
+    let machines: std::collections::BTreeSet<&str> = bound.values().filter_map(|m| m.as_deref()).collect();
+    if used != FREE || machines.len() != bound.values().filter(|m| m.is_some()).count() {
+        return Err(fail(format!(
+            "{CHILD} should hold exactly the free hosts, each bound once; bindings: {bound:?}"
+        )));
+    }
+    Ok(format!(
+        "BootsmanCluster {CHILD} applied to lab-infra: built by its Pods from {}; 3 control-plane Nodes Ready \
+         through its own kubeconfig; each host bound exactly once",
+        FREE.join(", ")
+    ))
 }
 
 /// The images the infrastructure cluster runs besides the Kubernetes ones the lab has: Cluster
