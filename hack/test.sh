@@ -16,9 +16,9 @@ step "toolchain: $(cargo --version), $(go version 2>/dev/null || echo 'go: missi
 command -v cargo >/dev/null || { echo "cargo is required" >&2; exit 1; }
 done_step
 
-step "host tools: setpriv (no component outlives a test)"
+step "host tools: setpriv and unshare (no component outlives a test; namespaces of their own)"
 missing=()
-command -v setpriv >/dev/null || missing+=(util-linux)
+{ command -v setpriv >/dev/null && command -v unshare >/dev/null; } || missing+=(util-linux)
 if ((${#missing[@]})); then
   echo "    installing ${missing[*]}"
   if [[ $(id -u) -eq 0 ]]; then

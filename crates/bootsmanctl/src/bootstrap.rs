@@ -6,7 +6,8 @@
 //! `bootsman-operator` as local processes next to it, each with a client certificate for its
 //! chart ServiceAccount, so they hold exactly the chart's rights.
 //!
-//! Everything runs as children of `bootsmanctl` and dies with it (`setpriv --pdeathsig`): a
+//! Everything runs as children of `bootsmanctl`, as root each in a mount and a PID namespace of
+//! its own, and dies with it (`setpriv --pdeathsig`): a
 //! second `install` starts the same control plane again from the folder, with the same CA,
 //! ports and objects, and the enrolled hosts reconnect. Once the pivot has begun, the Bootsman
 //! controllers are never started here again (see [`crate::pivot`]): the objects they would act
@@ -19,7 +20,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use bootsman_controlplane::pki::Pki;
-use bootsman_controlplane::{Bundle, Component, ControlPlane, Spec, free_port, write_kubeconfig};
+use bootsman_controlplane::{Bundle, Component, ControlPlane, Isolation, Spec, free_port, write_kubeconfig};
 
 use crate::site::Site;
 
@@ -89,6 +90,7 @@ pub async fn start(
         crds: bootsman_api::crdgen::all(),
         signing_duration: None,
         durable: true,
+        isolation: isolation(),
     };
     let started = Instant::now();
     let mut cp = ControlPlane::start(&spec)
@@ -235,7 +237,7 @@ fn start_controller(
         format!("127.0.0.1:{port}"),
     ];
     let kubeconfig = kubeconfig.display().to_string();
-    let c = Component::spawn(
+    let c = Component::spawn_with(
         name,
         program,
         &args,
@@ -245,6 +247,17 @@ fn start_controller(
             ("RUST_LOG", "info,kube=warn"),
         ],
         cp.log_dir().join(format!("{name}.log")),
+        isolation(),
     )?;
     Ok((c, port))
+}
+
+/// As root, every process of the bootstrap side runs in a mount and a PID namespace of its own
+/// (see [`Isolation::Namespaces`]); otherwise as a plain child process.
+fn isolation() -> Isolation {
+    if nix::unistd::geteuid().is_root() {
+        Isolation::Namespaces
+    } else {
+        Isolation::Shared
+    }
 }

@@ -166,6 +166,7 @@ pub(crate) struct Setup<'a> {
     pub webhook: &'a CertPair,
     pub server_ca: &'a std::path::Path,
     pub ports: &'a Ports,
+    pub isolation: crate::Isolation,
 }
 
 /// Starts the three managers, waits until each one's webhook server is ready, then registers
@@ -179,6 +180,7 @@ pub(crate) async fn start(setup: &Setup<'_>, client: &kube::Client) -> Result<Ve
         webhook,
         server_ca,
         ports,
+        isolation,
     } = setup;
     let certs = dir.join("capi-webhook-certs");
     std::fs::create_dir_all(&certs).map_err(io("create", &certs))?;
@@ -199,12 +201,13 @@ pub(crate) async fn start(setup: &Setup<'_>, client: &kube::Client) -> Result<Ve
         ];
         let log = logs.join(format!("{}.log", m.name));
         let binary = bundle.require(m.binary)?;
-        started.push(Component::spawn(
+        started.push(Component::spawn_with(
             m.name,
             &binary,
             &args,
             &[("KUBECONFIG", kubeconfig.as_str())],
             log,
+            *isolation,
         )?);
     }
     for (i, c) in started.iter().enumerate() {

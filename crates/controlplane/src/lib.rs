@@ -42,7 +42,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 pub use bundle::Bundle;
 pub use error::{Error, Result};
 pub use pki::{CertPair, PkiFiles};
-pub use process::{Component, tail};
+pub use process::{Component, Isolation, tail};
 
 /// Field manager of everything the control plane applies itself.
 pub const FIELD_MANAGER: &str = "bootsman-controlplane";
@@ -81,6 +81,8 @@ pub struct Spec {
     pub signing_duration: Option<Duration>,
     /// etcd syncs every write to disk. Off only where the data is thrown away after the run.
     pub durable: bool,
+    /// How each component is set apart from the machine (see [`Isolation`]).
+    pub isolation: Isolation,
 }
 
 /// The ports of one control plane, chosen on its first start.
@@ -187,6 +189,7 @@ impl ControlPlane {
                 webhook: &spec.pki.webhook,
                 server_ca: &spec.pki.server_ca.cert,
                 ports: &cp.ports.capi,
+                isolation: spec.isolation,
             };
             let managers = capi::start(&setup, &client).await?;
             cp.components.extend(managers);
@@ -258,12 +261,13 @@ impl ControlPlane {
     }
 
     fn spawn(&self, spec: &Spec, name: &str, binary: &str, args: Vec<String>) -> Result<Component> {
-        Component::spawn(
+        Component::spawn_with(
             name,
             &spec.bundle.require(binary)?,
             &args,
             &[],
             self.log_dir().join(format!("{name}.log")),
+            spec.isolation,
         )
     }
 

@@ -49,6 +49,19 @@ fn setpriv() -> bool {
     })
 }
 
+/// How a component is set apart from the rest of the machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// A plain child process.
+    #[default]
+    Shared,
+    /// In a mount and a PID namespace of its own (`unshare --mount --pid --fork --kill-child
+    /// --mount-proc`; needs root): it sees only its own processes, no mount it makes reaches the
+    /// machine, and it dies with its `unshare`. The network and the files stay the machine's: it
+    /// serves on the machine's address and keeps its state in the control plane's folder.
+    Namespaces,
+}
+
 /// One running component.
 #[derive(Debug)]
 pub struct Component {
@@ -66,15 +79,44 @@ impl Component {
         envs: &[(&str, &str)],
         log: PathBuf,
     ) -> Result<Self> {
+        Self::spawn_with(name, program, args, envs, log, Isolation::Shared)
+    }
+
+    /// [`Self::spawn`], set apart as `isolation` says. The process id is then the `unshare`
+    /// holding the namespaces; killing it kills the component.
+    pub fn spawn_with(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(&str, &str)],
+        log: PathBuf,
+        isolation: Isolation,
+    ) -> Result<Self> {
         let out = File::create(&log).map_err(io("create log file", &log))?;
         let err = out.try_clone().map_err(io("open log file", &log))?;
-        let mut cmd = if setpriv() {
-            let mut c = Command::new("setpriv");
-            c.args(["--pdeathsig", "KILL", "--"]).arg(program);
-            c
-        } else {
-            Command::new(program)
-        };
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        if setpriv() {
+            argv.extend(["setpriv", "--pdeathsig", "KILL", "--"].map(Into::into));
+        }
+        if isolation == Isolation::Namespaces {
+            argv.extend(
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--pid",
+                    "--fork",
+                    "--kill-child",
+                    "--mount-proc",
+                    "--",
+                ]
+                .map(Into::into),
+            );
+        }
+        argv.push(program.as_os_str().to_owned());
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
         cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
         for (k, v) in envs {
             cmd.env(k, v);
@@ -157,15 +199,46 @@ impl Component {
         }
     }
 
-    /// Kills the process and reaps it.
+    /// Kills the process and reaps it; returns once its own children (the component itself,
+    /// under [`Isolation::Namespaces`], which the kernel kills as `unshare` dies) are gone too, so
+    /// its ports are free.
     pub fn stop(&self) {
         if let Ok(mut guard) = self.child.lock()
             && let Some(mut child) = guard.take()
         {
+            let inner = children_of(child.id());
             let _ = child.kill();
             let _ = child.wait();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while inner.iter().any(|p| running(*p)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
         }
     }
+}
+
+/// The ids of the children of process `pid` (every thread's), from `/proc`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
 }
 
 impl Drop for Component {

@@ -40,6 +40,7 @@ fn spec(dir: &std::path::Path, pki: &Pki) -> Spec {
         crds: bootsman_api::crdgen::all(),
         signing_duration: None,
         durable: true,
+        isolation: bootsman_controlplane::Isolation::Namespaces,
     }
 }
 

@@ -115,6 +115,7 @@ impl TestEnv {
             crds: bootsman_controlplane::manifests::read_dir(&repo_root().join("config/crd"))?,
             signing_duration: options.signing_duration,
             durable: false,
+            isolation: bootsman_controlplane::Isolation::Shared,
         };
         let cp = ControlPlane::start(&spec).await?;
         let env = TestEnv {
