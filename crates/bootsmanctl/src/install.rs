@@ -93,7 +93,6 @@ impl Progress {
 /// the end. SIGINT or SIGTERM stops it at any step: everything it started stops, the state
 /// stays, and the next `install` continues.
 pub async fn run(site: &Site, opts: &Options, out: &mut impl Write) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
     let p = Progress {
         started: Instant::now(),
         json: opts.json,
@@ -103,12 +102,11 @@ pub async fn run(site: &Site, opts: &Options, out: &mut impl Write) -> anyhow::R
     let state_dir = site.state_dir();
     std::fs::create_dir_all(&state_dir).with_context(|| format!("create {}", state_dir.display()))?;
     let _lock = lock(&state_dir, site)?;
-    let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
+    let mut signals =
+        bootsman_runtime::lifecycle::StopSignals::listen().context("listen for SIGTERM and SIGINT")?;
     let stopped = tokio::select! {
         r = steps(site, opts, p, out) => return r,
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+        s = signals.first() => s,
     };
     p.say(
         out,
@@ -183,6 +181,54 @@ async fn steps(site: &Site, opts: &Options, p: Progress, out: &mut impl Write) -
         return Ok(());
     }
 
+    if !state.is_done("pivot") {
+        through_pivot(site, opts, p, &kubeconfig, &mut state, out).await?;
+    }
+    // The pivot was verified: the bootstrap side is never started again, only removed.
+    for d in ["bootstrap", "pivot", "enrol"] {
+        let path = state_dir.join(d);
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("delete {}", path.display())),
+        }
+    }
+    state.mark(site, "teardown")?;
+    say(
+        out,
+        "teardown",
+        &format!(
+            "{} stopped and deleted (its folder, the saved objects and the enrolment files)",
+            site.bootstrap_name()
+        ),
+    );
+    say(
+        out,
+        "done",
+        &format!(
+            "site {} is installed: {} runs Cluster API and Bootsman on its own hosts and manages pool {}; \
+             KUBECONFIG={}",
+            site.metadata.name,
+            site.infrastructure_name(),
+            site.spec.pool,
+            kubeconfig.display()
+        ),
+    );
+    Ok(())
+}
+
+/// The steps from preflight to a verified pivot; returns once the bootstrap control plane has
+/// stopped.
+async fn through_pivot(
+    site: &Site,
+    opts: &Options,
+    p: Progress,
+    kubeconfig: &Path,
+    state: &mut State,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let state_dir = site.state_dir();
+    let say = |out: &mut dyn Write, step: &str, msg: &str| p.say(out, step, msg);
     // This machine and the network, once this install holds the site's lock.
     refuse(site, &p, site::probe(site), out)?;
     say(out, "preflight", "passed");
@@ -213,10 +259,10 @@ async fn steps(site: &Site, opts: &Options, p: Progress, out: &mut impl Write) -
         enrol(site, &boot, opts, &mut |m| say(out, "enrol", m)).await?;
         state.mark(site, "enrol")?;
 
-        infrastructure(site, &boot, &kubeconfig, &mut |m| say(out, "infrastructure", m)).await?;
+        infrastructure(site, &boot, kubeconfig, &mut |m| say(out, "infrastructure", m)).await?;
         state.mark(site, "infrastructure")?;
 
-        controllers_step(site, opts, &kubeconfig, &mut |m| say(out, "controllers", m)).await?;
+        controllers_step(site, opts, kubeconfig, &mut |m| say(out, "controllers", m)).await?;
         state.mark(site, "controllers")?;
         say(
             out,
@@ -232,8 +278,8 @@ async fn steps(site: &Site, opts: &Options, p: Progress, out: &mut impl Write) -
         site,
         &mut boot,
         &bundle,
-        &kubeconfig,
-        &mut state,
+        kubeconfig,
+        state,
         opts.token_ttl,
         &mut |m| say(out, "pivot", m),
     )
@@ -249,35 +295,6 @@ async fn steps(site: &Site, opts: &Options, p: Progress, out: &mut impl Write) -
 
     boot.cp.stop();
     drop(boot);
-    for d in ["bootstrap", "pivot", "enrol"] {
-        let path = state_dir.join(d);
-        match std::fs::remove_dir_all(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("delete {}", path.display())),
-        }
-    }
-    state.mark(site, "teardown")?;
-    say(
-        out,
-        "teardown",
-        &format!(
-            "{} stopped and deleted (its folder, the saved objects and the enrolment files)",
-            site.bootstrap_name()
-        ),
-    );
-    say(
-        out,
-        "done",
-        &format!(
-            "site {} is installed: {} runs Cluster API and Bootsman on its own hosts and manages pool {}; \
-             KUBECONFIG={}",
-            site.metadata.name,
-            site.infrastructure_name(),
-            site.spec.pool,
-            kubeconfig.display()
-        ),
-    );
     Ok(())
 }
 

@@ -43,18 +43,40 @@ impl Readiness {
     }
 }
 
-/// A flag that turns true on the first SIGTERM or SIGINT (a pod's or unit's stop, Ctrl-C), when
-/// `message` is logged with the signal's name. Every Bootsman binary stops through it.
+/// SIGTERM and SIGINT (a pod's or unit's stop, Ctrl-C), listened for from the moment it is made:
+/// the one way every Bootsman binary, controllers and `bootsmanctl` alike, learns it must stop.
+#[derive(Debug)]
+pub struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Installs the handlers; from here on neither signal ends the process by itself.
+    pub fn listen() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Waits for the first of them and returns its name, `SIGTERM` or `SIGINT`.
+    pub async fn first(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// A flag that turns true on the first SIGTERM or SIGINT (see [`StopSignals`]), when `message`
+/// is logged with the signal's name.
 pub fn stop_on_signals(message: &'static str) -> std::io::Result<watch::Receiver<bool>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
+    let mut signals = StopSignals::listen()?;
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
-        let which = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        };
+        let which = signals.first().await;
         tracing::info!(signal = which, "{message}");
         tx.send_replace(true);
     });
