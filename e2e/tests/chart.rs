@@ -247,7 +247,7 @@ async fn token_client(env: &TestEnv, admin: &Client, ns: &str, sa: &str) -> Clie
 fn allowed_or_missing<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
     match result {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
         other => panic!("{what}: expected it allowed, got {other:?}"),
     }
 }
@@ -768,7 +768,7 @@ async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_clus
         .unwrap();
     match byomachines.delete("m0", &DeleteParams::default()).await {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {} // the garbage collector was first
+        Err(kube::Error::Api(s)) if s.is_not_found() => {} // the garbage collector was first
         Err(e) => panic!("delete ByoMachine m0: {e}"),
     }
     host_until(&host, "the release request", |h| h.spec.release.is_some()).await;

@@ -513,7 +513,7 @@ impl Agent {
         {
             Ok(s) => s,
             // Without the Role that `bootsmanctl hosts rehome` writes with it, reading is refused.
-            Err(kube::Error::Api(s)) if s.code == 403 => None,
+            Err(kube::Error::Api(s)) if s.is_forbidden() => None,
             Err(e) => return fail("RehomeSecretUnreadable", format!("read Secret {name}: {e}")).await,
         };
         let Some(bootstrap) = secret

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use bootsman_api::identity::{is_dns_subdomain, is_label_value};
 use bootsman_api::labels::HOST_OWNED_PREFIX;
 use bootsman_runtime::metrics::Metrics;
 use byoh_agent::agent::{self, AgentMetrics};
@@ -94,15 +95,9 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     };
     let k = k.as_str();
     let name = k.rsplit('/').next().unwrap_or(k);
-    let name_ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    let name_ok = !name.is_empty() && is_label_value(name);
     let prefix_ok = match k.rsplit_once('/') {
-        Some((p, _)) => agent::check_host_name(p).is_ok(),
+        Some((p, _)) => is_dns_subdomain(p),
         None => true,
     };
     if !name_ok || !prefix_ok {
@@ -111,13 +106,7 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
              '-', '_', '.', starting and ending alphanumeric; prefix an RFC 1123 subdomain"
         ));
     }
-    let v_ok = v.is_empty()
-        || (v.len() <= 63
-            && v.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-            && v.as_bytes()[0].is_ascii_alphanumeric()
-            && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric());
-    if !v_ok {
+    if !is_label_value(v) {
         return Err(format!(
             "label value {v:?} must be empty or at most 63 characters of a-z, A-Z, 0-9, '-', '_', \
              '.', starting and ending alphanumeric"
@@ -349,4 +338,37 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(6), server_task).await;
     }
     result.map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn labels_are_host_owned_and_well_formed() {
+        assert_eq!(
+            parse_label("gpu=a100").unwrap(),
+            (format!("{HOST_OWNED_PREFIX}gpu"), "a100".to_string())
+        );
+        let own = format!("{HOST_OWNED_PREFIX}rack=r1");
+        assert_eq!(
+            parse_label(&own).unwrap(),
+            (format!("{HOST_OWNED_PREFIX}rack"), "r1".to_string())
+        );
+        assert_eq!(
+            parse_label("gpu=").unwrap(),
+            (format!("{HOST_OWNED_PREFIX}gpu"), String::new())
+        );
+        for (bad, says) in [
+            ("gpu", "is not key=value"),
+            ("topology.kubernetes.io/zone=a", "a host sets only labels under"),
+            ("-gpu=a", "label key"),
+            ("gpu=-a", "label value"),
+            (&format!("gpu={}", "x".repeat(64)), "label value"),
+        ] {
+            let err = parse_label(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 }

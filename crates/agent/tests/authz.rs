@@ -58,7 +58,7 @@ fn lease(name: &str, ns: &str) -> Lease {
 #[track_caller]
 fn refused<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) -> String {
     match r {
-        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => s.message,
+        Err(kube::Error::Api(s)) if s.is_forbidden() || s.is_invalid() => s.message,
         other => panic!("{what}: expected a refusal, got {other:?}"),
     }
 }

@@ -147,6 +147,18 @@ pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
+/// Whether `s` is a Kubernetes label value, which is also the rule for the name part of a label
+/// key: empty, or at most 63 characters of letters, digits, '-', '_' and '.', starting and ending
+/// with a letter or digit.
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && s.as_bytes()[0].is_ascii_alphanumeric()
+            && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric())
+}
+
 /// Checks that `name` is a host name: an RFC 1123 subdomain. The error says why not.
 pub fn validate_host_name(name: &str) -> Result<(), String> {
     if is_dns_subdomain(name) {
@@ -221,5 +233,15 @@ mod tests {
         }
         assert_eq!(host_user("h"), "byoh:host:h");
         assert_eq!(bootstrappers_group("p"), "system:bootstrappers:byoh:p");
+    }
+
+    #[test]
+    fn label_values() {
+        for ok in ["", "a", "Rack_1.b-2", &"x".repeat(63)] {
+            assert!(is_label_value(ok), "{ok}");
+        }
+        for bad in ["-a", "a.", "_", "a b", "a/b", &"x".repeat(64)] {
+            assert!(!is_label_value(bad), "{bad}");
+        }
     }
 }

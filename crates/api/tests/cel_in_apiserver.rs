@@ -26,7 +26,7 @@ fn cluster(ns: &str, name: &str) -> BootsmanCluster {
 /// The API server's message for a rejected write; panics unless it is a 422 Invalid.
 fn rejected<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> String {
     match r {
-        Err(kube::Error::Api(s)) if s.code == 422 => s.message,
+        Err(kube::Error::Api(s)) if s.is_invalid() => s.message,
         other => panic!("expected a 422 rejection, got {other:?}"),
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use bootsman_api::identity::{is_dns_label, validate_host_name, validate_pool};
+use bootsman_api::identity::{is_dns_label, is_dns_subdomain, validate_host_name, validate_pool};
 use bootsman_api::v1alpha1::{EndpointLoadBalancer, KubeProxy, Nodes};
 
 /// The Site file's `apiVersion`.
@@ -354,8 +354,7 @@ fn is_registry(s: &str) -> bool {
     let Some((host, port)) = s.rsplit_once(':') else {
         return false;
     };
-    port.parse::<u16>().is_ok_and(|p| p > 0)
-        && (host.parse::<IpAddr>().is_ok() || (!host.is_empty() && host.split('.').all(is_dns_label)))
+    port.parse::<u16>().is_ok_and(|p| p > 0) && (host.parse::<IpAddr>().is_ok() || is_dns_subdomain(host))
 }
 
 /// Every rule the Site breaks, in field order; empty when the file is sound. Nothing is

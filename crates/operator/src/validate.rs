@@ -357,7 +357,7 @@ fn is_image_repository(s: &str) -> bool {
         Some((h, p)) => (h, Some(p)),
         None => (host_port, None),
     };
-    component(host, b".-")
+    bootsman_api::identity::is_dns_subdomain(host)
         && port.is_none_or(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
         && parts.all(|c| component(c, b"._-"))
 }

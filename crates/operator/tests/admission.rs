@@ -254,7 +254,7 @@ async fn admission_and_the_operator_refuse_the_same_clusters() {
         let want: BTreeSet<String> = want.iter().map(|r| r.to_string()).collect();
         let server = match api.create(&dry_run, &c).await {
             Ok(_) => BTreeSet::new(),
-            Err(kube::Error::Api(s)) if s.code == 422 => {
+            Err(kube::Error::Api(s)) if s.is_invalid() => {
                 let found = rule_names(&s.message);
                 assert!(
                     !found.is_empty(),

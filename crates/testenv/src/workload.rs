@@ -458,7 +458,7 @@ async fn upload_kubeadm_config(client: &kube::Client, cluster: &str, ep: &Endpoi
             .await
         {
             Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 && Instant::now() < deadline => {
+            Err(kube::Error::Api(s)) if s.is_not_found() && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
             Err(e) => return Err(error::kube("upload kube-system/kubeadm-config")(e)),

@@ -7,6 +7,8 @@
 
 use std::sync::Arc;
 
+pub mod enrol;
+
 pub use bootsman_fixtures::agent::{Host as Agent, Pool, message, wait_condition};
 pub use bootsman_fixtures::capi::{
     condition, create_byo_cluster, create_cluster, create_machine, create_machine_with_data, role,

@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::enrol;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -37,11 +39,11 @@ async fn the_host_renews_a_short_lived_certificate_once_per_lifetime() {
     })
     .await
     .expect("start the control plane");
-    common::apply_host_rbac(&env);
-    common::start_approver(&env).await;
+    enrol::apply_host_rbac(&env);
+    enrol::start_approver(&env).await;
     let pool = env.create_namespace("renew").await;
-    let (_token, bootstrap) = common::bootstrap_kubeconfig(&env, &pool, Some("db-1")).await;
-    let state_dir = common::temp_dir(&env, "state").join("byoh-agent");
+    let (_token, bootstrap) = enrol::bootstrap_kubeconfig(&env, &pool, Some("db-1")).await;
+    let state_dir = enrol::temp_dir(&env, "state").join("byoh-agent");
     let opts = enroll::Options {
         kubeconfig: state_dir.join("kubeconfig"),
         state_dir,
@@ -54,7 +56,7 @@ async fn the_host_renews_a_short_lived_certificate_once_per_lifetime() {
     assert_eq!(whoami(first.clone()).await, identity::host_user("db-1"));
     // Registered, with its pool RoleBinding taken over by its ByoHost: renewals are approved.
     let host = kube::Client::try_from(first).unwrap();
-    common::register(&env, &host, &pool, "db-1").await;
+    enrol::register(&env, &host, &pool, "db-1").await;
 
     // 70 s of the loop: the certificate (valid for 60 s from its arrival) is due after 48 s; the
     // renewed one would be due about 48 s after that, outside the window.

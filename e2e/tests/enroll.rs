@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::enrol;
+
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
 fn options(env: &TestEnv, host: &str, bootstrap: Option<std::path::PathBuf>) -> Options {
-    let state_dir = common::temp_dir(env, "state").join("byoh-agent");
+    let state_dir = enrol::temp_dir(env, "state").join("byoh-agent");
     Options {
         kubeconfig: state_dir.join("kubeconfig"),
         state_dir,
@@ -61,10 +63,10 @@ fn mode(path: &std::path::Path) -> u32 {
 #[tokio::test]
 async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
     let env = TestEnv::shared().await;
-    common::apply_host_rbac(env);
-    common::start_approver(env).await;
+    enrol::apply_host_rbac(env);
+    enrol::start_approver(env).await;
     let pool = env.create_namespace("enroll").await;
-    let (token, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some("web-1")).await;
+    let (token, bootstrap) = enrol::bootstrap_kubeconfig(env, &pool, Some("web-1")).await;
 
     let opts = options(env, "web-1", Some(bootstrap.clone()));
     let config = enroll::ensure_identity(&opts).await.expect("enrollment");
@@ -100,7 +102,7 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
     // The host may register in its pool, and only there.
     let client =
         kube::Client::try_from(enroll::ensure_identity(&opts).await.expect("identity")).expect("client");
-    common::register(env, &client, &pool, "web-1").await;
+    enrol::register(env, &client, &pool, "web-1").await;
     let elsewhere = env.create_namespace("enroll-other").await;
     let refused = Api::<ByoHost>::namespaced(client, &elsewhere)
         .create(&PostParams::default(), &ByoHost::registered("web-1", &elsewhere))
@@ -175,10 +177,10 @@ async fn a_fresh_token_enrols_once_and_the_host_renews_itself() {
 #[tokio::test]
 async fn a_token_for_one_host_is_denied_to_another() {
     let env = TestEnv::shared().await;
-    common::apply_host_rbac(env);
-    common::start_approver(env).await;
+    enrol::apply_host_rbac(env);
+    enrol::start_approver(env).await;
     let pool = env.create_namespace("enroll-x").await;
-    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some("host-x")).await;
+    let (_, bootstrap) = enrol::bootstrap_kubeconfig(env, &pool, Some("host-x")).await;
     let opts = options(env, "host-y", Some(bootstrap));
     match enroll::ensure_identity(&opts).await {
         Err(Error::Denied { reason, message, .. }) => {
@@ -192,45 +194,45 @@ async fn a_token_for_one_host_is_denied_to_another() {
 #[tokio::test]
 async fn forged_requests_are_denied_with_a_reason() {
     let env = TestEnv::shared().await;
-    common::apply_host_rbac(env);
-    common::start_approver(env).await;
+    enrol::apply_host_rbac(env);
+    enrol::start_approver(env).await;
     let pool = env.create_namespace("enroll-deny").await;
-    let good = |h: &str| common::csr_pem(&common::host_user(h), &[identity::HOSTS_GROUP]);
+    let good = |h: &str| enrol::csr_pem(&enrol::host_user(h), &[identity::HOSTS_GROUP]);
     let client_auth = ["client auth"];
 
     // Host a renewing as host b.
     let host_a = env.client_for("byoh:host:a", &[identity::HOSTS_GROUP]).await;
-    let csr = common::submit(&host_a, good("b"), enroll::SIGNER, &client_auth).await;
-    assert_eq!(common::decision(env, &csr).await, Err("OtherHost".into()));
+    let csr = enrol::submit(&host_a, good("b"), enroll::SIGNER, &client_auth).await;
+    assert_eq!(enrol::decision(env, &csr).await, Err("OtherHost".into()));
 
     // A user without a token asking for a host identity.
     let admin = env.client().await;
-    let csr = common::submit(&admin, good("c"), enroll::SIGNER, &client_auth).await;
-    assert_eq!(common::decision(env, &csr).await, Err("NoToken".into()));
+    let csr = enrol::submit(&admin, good("c"), enroll::SIGNER, &client_auth).await;
+    assert_eq!(enrol::decision(env, &csr).await, Err("NoToken".into()));
 
     // With a valid token: extra usages, another signer, a wrong O. Each is denied before the
     // token is spent, so one token serves all three.
-    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, None).await;
-    let token = common::client_of(&bootstrap).await;
-    let csr = common::submit(&token, good("d"), enroll::SIGNER, &["client auth", "server auth"]).await;
-    assert_eq!(common::decision(env, &csr).await, Err("WrongUsages".into()));
-    let csr = common::submit(&token, good("d"), "example.com/host-signer", &client_auth).await;
-    assert_eq!(common::decision(env, &csr).await, Err("WrongSigner".into()));
-    let wrong_o = common::csr_pem(&common::host_user("d"), &["byoh:admins"]);
-    let csr = common::submit(&token, wrong_o, enroll::SIGNER, &client_auth).await;
-    assert_eq!(common::decision(env, &csr).await, Err("WrongSubject".into()));
+    let (_, bootstrap) = enrol::bootstrap_kubeconfig(env, &pool, None).await;
+    let token = enrol::client_of(&bootstrap).await;
+    let csr = enrol::submit(&token, good("d"), enroll::SIGNER, &["client auth", "server auth"]).await;
+    assert_eq!(enrol::decision(env, &csr).await, Err("WrongUsages".into()));
+    let csr = enrol::submit(&token, good("d"), "example.com/host-signer", &client_auth).await;
+    assert_eq!(enrol::decision(env, &csr).await, Err("WrongSigner".into()));
+    let wrong_o = enrol::csr_pem(&enrol::host_user("d"), &["byoh:admins"]);
+    let csr = enrol::submit(&token, wrong_o, enroll::SIGNER, &client_auth).await;
+    assert_eq!(enrol::decision(env, &csr).await, Err("WrongSubject".into()));
     // A certificate for the signer's default lifetime (a year), or for longer than 30 days.
     for lifetime in [None, Some(31 * 24 * 3600)] {
-        let csr = common::submit_for(&token, good("d"), enroll::SIGNER, &client_auth, lifetime).await;
+        let csr = enrol::submit_for(&token, good("d"), enroll::SIGNER, &client_auth, lifetime).await;
         assert_eq!(
-            common::decision(env, &csr).await,
+            enrol::decision(env, &csr).await,
             Err("LifetimeTooLong".into()),
             "{lifetime:?}"
         );
     }
     // And the token is still good for a correct request.
-    let csr = common::submit(&token, good("d"), enroll::SIGNER, &client_auth).await;
-    assert_eq!(common::decision(env, &csr).await, Ok(()));
+    let csr = enrol::submit(&token, good("d"), enroll::SIGNER, &client_auth).await;
+    assert_eq!(enrol::decision(env, &csr).await, Ok(()));
 }
 
 /// A host, or a token's holder, reads only the certificate requests it made: it may `get` a
@@ -239,10 +241,10 @@ async fn forged_requests_are_denied_with_a_reason() {
 #[tokio::test]
 async fn a_host_reads_only_its_own_certificate_requests() {
     let env = TestEnv::shared().await;
-    common::apply_host_rbac(env);
-    common::start_approver(env).await;
+    enrol::apply_host_rbac(env);
+    enrol::start_approver(env).await;
     let pool = env.create_namespace("enroll-csr-reads").await;
-    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some("reader-1")).await;
+    let (_, bootstrap) = enrol::bootstrap_kubeconfig(env, &pool, Some("reader-1")).await;
     let opts = options(env, "reader-1", Some(bootstrap));
     let host =
         kube::Client::try_from(enroll::ensure_identity(&opts).await.expect("enrollment")).expect("client");
@@ -285,8 +287,8 @@ async fn a_host_reads_only_its_own_certificate_requests() {
         "a host watched certificate requests",
     );
     // Nor can a token's holder, before its host is enrolled.
-    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some("reader-2")).await;
-    let as_token = Api::<CertificateSigningRequest>::all(common::client_of(&bootstrap).await);
+    let (_, bootstrap) = enrol::bootstrap_kubeconfig(env, &pool, Some("reader-2")).await;
+    let as_token = Api::<CertificateSigningRequest>::all(enrol::client_of(&bootstrap).await);
     forbidden(
         as_token.list(&ListParams::default()).await.map(|_| ()),
         "a token's holder listed certificate requests",
@@ -296,9 +298,9 @@ async fn a_host_reads_only_its_own_certificate_requests() {
 #[tokio::test]
 async fn a_token_for_a_missing_pool_is_denied() {
     let env = TestEnv::shared().await;
-    common::apply_host_rbac(env);
-    common::start_approver(env).await;
-    let (_, bootstrap) = common::bootstrap_kubeconfig(env, "no-such-pool", None).await;
+    enrol::apply_host_rbac(env);
+    enrol::start_approver(env).await;
+    let (_, bootstrap) = enrol::bootstrap_kubeconfig(env, "no-such-pool", None).await;
     let opts = options(env, "web-2", Some(bootstrap));
     match enroll::ensure_identity(&opts).await {
         Err(Error::Denied { reason, .. }) => assert_eq!(reason, "PoolNotFound"),
@@ -313,14 +315,14 @@ async fn a_token_for_a_missing_pool_is_denied() {
 #[tokio::test]
 async fn a_pool_token_cannot_take_over_an_existing_host_name() {
     let env = TestEnv::shared().await;
-    common::apply_host_rbac(env);
-    common::start_approver(env).await;
+    enrol::apply_host_rbac(env);
+    enrol::start_approver(env).await;
     let pool_a = env.create_namespace("takeover-a").await;
     let pool_b = env.create_namespace("takeover-b").await;
     let victim = "victim-1";
 
     // The victim enrols and registers in pool A.
-    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool_a, Some(victim)).await;
+    let (_, bootstrap) = enrol::bootstrap_kubeconfig(env, &pool_a, Some(victim)).await;
     let config = enroll::ensure_identity(&options(env, victim, Some(bootstrap)))
         .await
         .expect("the victim enrols");
@@ -331,9 +333,9 @@ async fn a_pool_token_cannot_take_over_an_existing_host_name() {
 
     let attempt = |pool: String, replace: bool, pinned: bool| async move {
         let (_, bootstrap) = if replace {
-            common::replacement_kubeconfig(env, &pool, victim).await
+            enrol::replacement_kubeconfig(env, &pool, victim).await
         } else {
-            common::bootstrap_kubeconfig(env, &pool, pinned.then_some(victim)).await
+            enrol::bootstrap_kubeconfig(env, &pool, pinned.then_some(victim)).await
         };
         enroll::ensure_identity(&options(env, victim, Some(bootstrap))).await
     };
@@ -394,11 +396,11 @@ async fn a_pool_token_cannot_take_over_an_existing_host_name() {
 #[tokio::test]
 async fn a_host_being_removed_cannot_renew_its_certificate() {
     let env = TestEnv::shared().await;
-    common::apply_host_rbac(env);
-    common::start_approver(env).await;
+    enrol::apply_host_rbac(env);
+    enrol::start_approver(env).await;
     let pool = env.create_namespace("renew-removed").await;
     let host = "leaving-1";
-    let (_, bootstrap) = common::bootstrap_kubeconfig(env, &pool, Some(host)).await;
+    let (_, bootstrap) = enrol::bootstrap_kubeconfig(env, &pool, Some(host)).await;
     let opts = options(env, host, Some(bootstrap));
     let config = enroll::ensure_identity(&opts).await.expect("enrollment");
     let denied = |expected: &'static str| {
@@ -420,7 +422,7 @@ async fn a_host_being_removed_cannot_renew_its_certificate() {
 
     // Registered and owning its binding: renewed.
     let client = kube::Client::try_from(config).expect("client");
-    common::register(env, &client, &pool, host).await;
+    enrol::register(env, &client, &pool, host).await;
     enroll::renew(&opts, Some(Duration::from_secs(600)))
         .await
         .expect("a registered host renews");
