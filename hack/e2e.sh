@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The end-to-end test on real nodes: a Bootsman site on ten lab hosts (Linux namespaces running
+# The end-to-end test on real nodes: a Bootsman site on nine lab hosts (Linux namespaces running
 # containerd, kubelet and kubeadm, with byoh-agent installed from the project's .deb), the sample
 # BootsmanCluster built into a 3 + 3 cluster, a workload behind a Service, workers scaled 3 -> 4,
 # the control plane 3 -> 5, a worker host killed and booted again, and the cluster deleted with
