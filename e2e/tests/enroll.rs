@@ -389,6 +389,67 @@ async fn a_pool_token_cannot_take_over_an_existing_host_name() {
     assert_eq!(whoami(config).await.0, format!("byoh:host:{victim}"));
 }
 
+/// The same attack on a host that has enrolled but not registered yet: no ByoHost holds its name,
+/// only its pool RoleBinding and its certificate. A token of another pool or of its own is denied
+/// while the binding stands, and again once an admin has deleted the binding, because the
+/// unexpired certificate still holds the name; each denial names what holds it.
+#[tokio::test]
+async fn a_name_held_only_by_a_pool_binding_or_a_certificate_is_not_free() {
+    let env = TestEnv::shared().await;
+    enrol::apply_host_rbac(env);
+    enrol::start_approver(env).await;
+    let pool_a = env.create_namespace("held-a").await;
+    let pool_b = env.create_namespace("held-b").await;
+    let victim = "unregistered-1";
+    let (_, bootstrap) = enrol::bootstrap_kubeconfig(env, &pool_a, Some(victim)).await;
+    enroll::ensure_identity(&options(env, victim, Some(bootstrap)))
+        .await
+        .expect("the victim enrols");
+    let hosts = Api::<ByoHost>::all(env.client().await);
+    let named = ListParams::default().fields(&format!("metadata.name={victim}"));
+    assert!(hosts.list(&named).await.expect("list").items.is_empty());
+
+    let attempt = |pool: String| async move {
+        let (_, bootstrap) = enrol::bootstrap_kubeconfig(env, &pool, None).await;
+        enroll::ensure_identity(&options(env, victim, Some(bootstrap))).await
+    };
+    let binding = format!("the pool RoleBinding {pool_a}/{}", identity::host_user(victim));
+    let certificate = "a certificate issued through CSR ";
+    for (phase, holders, absent) in [
+        (
+            "while the binding stands",
+            vec![binding.as_str(), certificate],
+            None,
+        ),
+        (
+            "after the binding is deleted",
+            vec![certificate],
+            Some(binding.as_str()),
+        ),
+    ] {
+        if absent.is_some() {
+            Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(env.client().await, &pool_a)
+                .delete(&identity::host_user(victim), &Default::default())
+                .await
+                .expect("the admin deletes the pool binding");
+        }
+        for pool in [&pool_a, &pool_b] {
+            match attempt(pool.clone()).await {
+                Err(Error::Denied { reason, message, .. }) => {
+                    assert_eq!(reason, "NameInUse", "{phase}, pool {pool}: {message}");
+                    for h in &holders {
+                        assert!(message.contains(h), "{phase}, pool {pool}: {message}");
+                    }
+                    if let Some(gone) = absent {
+                        assert!(!message.contains(gone), "{phase}, pool {pool}: {message}");
+                    }
+                }
+                other => panic!("{phase}, a token of pool {pool} took over {victim}: {other:?}"),
+            }
+        }
+    }
+}
+
 /// The attack of a host an admin is removing: it keeps renewing its certificate. A host whose
 /// binding no ByoHost has taken over yet, a host whose ByoHost is being deleted (held here by a
 /// finalizer, so its pool RoleBinding still exists) and a host whose ByoHost is gone are each

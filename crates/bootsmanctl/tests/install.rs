@@ -476,6 +476,13 @@ async fn install_brings_up_the_bootstrap_side_enrols_hosts_and_continues_after_k
         out.contains("SIGTERM: everything this install started has stopped"),
         "{out}"
     );
-    assert!(!api_answers(port), "the API server outlived the install");
+    if api_answers(port) {
+        let who = std::process::Command::new("ss")
+            .args(["-ltnp", &format!("sport = :{port}")])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        panic!("the API server outlived the install; listening on {port}:\n{who}");
+    }
     drop(agents);
 }

@@ -209,7 +209,9 @@ impl Component {
             let inner = children_of(child.id());
             let _ = child.kill();
             let _ = child.wait();
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            // A killed process that is writing to a busy disk can take seconds to exit, and
+            // its listening sockets accept connections until it has.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
             while inner.iter().any(|p| running(*p)) && std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
