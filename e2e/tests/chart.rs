@@ -358,7 +358,8 @@ async fn installed_chart_grants_each_component_what_it_needs_and_no_more() {
 
 /// Told its pool and cluster namespaces (`namespaces`), the chart gives the controllers Secrets
 /// there and nowhere else: not in another namespace, not across all namespaces, and in
-/// kube-system only the approver's get, update and delete of bootstrap tokens.
+/// kube-system only the approver's get, update and delete of bootstrap tokens. The provider
+/// (and its approver) writes Roles and RoleBindings in those namespaces only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespaced_chart_keeps_the_controllers_out_of_other_secrets() {
     let (env, namespaces) = installed_chart_for(&["pool", "clusters"]).await;
@@ -405,6 +406,71 @@ async fn a_namespaced_chart_keeps_the_controllers_out_of_other_secrets() {
             .list(&ListParams::default())
             .await,
     );
+    // Roles and RoleBindings: written in its namespaces (a host's reader Role and binding, the
+    // approver's pool bindings), read everywhere, written nowhere else. The objects grant nothing,
+    // so a refusal is RBAC's, not the escalation check's.
+    let empty_role = |name: &str| Role {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![]),
+    };
+    let binding_to = |name: &str| RoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        role_ref: k8s_openapi::api::rbac::v1::RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![k8s_openapi::api::rbac::v1::Subject {
+            kind: "User".into(),
+            name: "byoh:host:nobody".into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Default::default()
+        }]),
+    };
+    for ns in [pool, clusters] {
+        Api::<Role>::namespaced(provider.clone(), ns)
+            .create(&PostParams::default(), &empty_role("reader"))
+            .await
+            .unwrap_or_else(|e| panic!("provider writes a Role in {ns}: {e}"));
+        let bindings = Api::<RoleBinding>::namespaced(provider.clone(), ns);
+        bindings
+            .create(&PostParams::default(), &binding_to("reader"))
+            .await
+            .unwrap_or_else(|e| panic!("provider writes a RoleBinding in {ns}: {e}"));
+        bindings
+            .delete("reader", &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("provider deletes a RoleBinding in {ns}: {e}"));
+    }
+    Api::<RoleBinding>::all(provider.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("provider reads the RoleBindings of every namespace");
+    forbidden(
+        "provider writes a Role in another namespace",
+        Api::<Role>::namespaced(provider.clone(), &elsewhere)
+            .create(&PostParams::default(), &empty_role("planted"))
+            .await,
+    );
+    forbidden(
+        "provider writes a RoleBinding in another namespace",
+        Api::<RoleBinding>::namespaced(provider.clone(), &elsewhere)
+            .create(&PostParams::default(), &binding_to("planted"))
+            .await,
+    );
+    forbidden(
+        "provider writes a RoleBinding in kube-system",
+        Api::<RoleBinding>::namespaced(provider.clone(), "kube-system")
+            .create(&PostParams::default(), &binding_to("planted"))
+            .await,
+    );
+
     // kube-system: a bootstrap token by name, never a list.
     let tokens: Api<Secret> = Api::namespaced(provider.clone(), "kube-system");
     allowed_or_missing(
