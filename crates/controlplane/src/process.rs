@@ -219,8 +219,9 @@ impl Component {
     }
 }
 
-/// The ids of the children of process `pid` (every thread's), from `/proc`.
-fn children_of(pid: u32) -> Vec<u32> {
+/// The ids of the children of process `pid` (every thread's), from `/proc`: e.g. the process an
+/// `unshare --fork` started.
+pub fn children_of(pid: u32) -> Vec<u32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };

@@ -332,13 +332,9 @@ fn host_error(spec: &HostSpec, problem: &str) -> Error {
 /// The init is the only child of the `unshare` process.
 fn wait_for_init(spec: &HostSpec, process: &Component, pid: u32) -> Result<u32> {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let children = format!("/proc/{pid}/task/{pid}/children");
     loop {
-        if let Some(child) = std::fs::read_to_string(&children)
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|c| c.parse().ok()))
-        {
-            return Ok(child);
+        if let Some(child) = bootsman_testenv::process::children_of(pid).first() {
+            return Ok(*child);
         }
         if process.check_running().is_err() {
             return Err(host_error(spec, "unshare exited before starting the host's init"));

@@ -59,6 +59,13 @@ const FREE: [&str; 3] = ["apps-1", "apps-2", "apps-3"];
 const CHILD: &str = "lab-apps";
 /// The bootstrap API server's port on the lab gateway.
 const BOOTSTRAP_PORT: u16 = 6443;
+/// What install prints when it starts the bootstrap side once the pivot has begun.
+const CONTROLLERS_STAY_STOPPED: &str = "bootsman-provider and bootsman-operator stay stopped here";
+
+/// Whether the bootstrap API server still accepts connections on the lab gateway.
+fn bootstrap_answers() -> bool {
+    std::net::TcpStream::connect((net::GATEWAY, BOOTSTRAP_PORT)).is_ok()
+}
 
 fn main() -> ExitCode {
     let Some(rt) = ns::enter("bootsman-e2e-install") else {
@@ -414,27 +421,21 @@ async fn run(phases: &mut Vec<serde_json::Value>) -> Result<()> {
     kill(&mut install).await?;
     let mut install = Install::start(&lab, &site, lab.dir().join("install-3.log"))?;
     install
-        .wait_for(
-            "bootsman-provider and bootsman-operator stay stopped here",
-            Duration::from_secs(300),
-        )
+        .wait_for(CONTROLLERS_STAY_STOPPED, Duration::from_secs(300))
         .await?;
     // Ctrl-C in the middle of the pivot: a clean stop, and the next install goes on.
     let _ = Command::new("kill")
         .args(["-TERM", &install.child.id().to_string()])
         .status();
     let status = install.wait_exit(Duration::from_secs(60)).await?;
-    if !status.success() || std::net::TcpStream::connect((net::GATEWAY, BOOTSTRAP_PORT)).is_ok() {
+    if !status.success() || bootstrap_answers() {
         return Err(fail(format!(
             "install exited with {status} on SIGTERM, or its API server still answers"
         )));
     }
     let mut install = Install::start(&lab, &site, lab.dir().join("install-3b.log"))?;
     install
-        .wait_for(
-            "bootsman-provider and bootsman-operator stay stopped here",
-            Duration::from_secs(300),
-        )
+        .wait_for(CONTROLLERS_STAY_STOPPED, Duration::from_secs(300))
         .await?;
     let verified = install
         .wait_for("objects moved, ", Duration::from_secs(900))
@@ -453,9 +454,7 @@ async fn run(phases: &mut Vec<serde_json::Value>) -> Result<()> {
             "the install that finished the pivot exited with {status}"
         )));
     }
-    if std::net::TcpStream::connect((net::GATEWAY, BOOTSTRAP_PORT)).is_ok()
-        || state.join("bootstrap").exists()
-    {
+    if bootstrap_answers() || state.join("bootstrap").exists() {
         return Err(fail(
             "after the teardown the bootstrap API server still answers, or its folder is still there".into(),
         ));
@@ -529,7 +528,7 @@ async fn kill(install: &mut Install) -> Result<()> {
         .map_err(bootsman_lab::error::io("kill -9", &install.log))?;
     let _ = install.child.wait();
     let deadline = Instant::now() + Duration::from_secs(15);
-    while std::net::TcpStream::connect((net::GATEWAY, BOOTSTRAP_PORT)).is_ok() {
+    while bootstrap_answers() {
         if Instant::now() > deadline {
             return Err(fail(
                 "the bootstrap API server outlived a kill -9 of install".into(),
