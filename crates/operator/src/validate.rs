@@ -267,7 +267,6 @@ pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
                         || endpoint.is_some_and(|ip| c.contains(&ip))
                 }
                 (None, Some((first, last))) => {
-                    // Not expressible in the CRD: CEL cannot compare addresses.
                     if first > last {
                         out.push(v(
                             &field,

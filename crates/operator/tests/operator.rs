@@ -1,6 +1,7 @@
 //! The operator against the real control plane (our CRDs and CAPI's, without CAPI managers):
 //! the sample renders into objects the API server accepts, reapplying writes nothing, scaling
-//! touches only the replica fields, a short pool and a rule CEL cannot check show in the status,
+//! touches only the replica fields, a short pool and a cluster stored before its rule existed show
+//! in the status,
 //! and deletion removes everything. HelmChartProxy objects meet a CRD stand-in (see `common`).
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -226,22 +227,62 @@ async fn sample_is_applied_reapplied_without_writes_scaled_and_deleted() {
     op.stop().await;
 }
 
+/// Drops every CEL rule of the BootsmanCluster CRD whose message names `rule`, as an older CRD
+/// without it would be.
+async fn drop_crd_rule(client: &kube::Client, rule: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    fn strip(v: &mut serde_json::Value, rule: &str) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(serde_json::Value::Array(rules)) = m.get_mut("x-kubernetes-validations") {
+                    rules.retain(|r| !r["message"].as_str().unwrap_or("").contains(rule));
+                }
+                m.values_mut().for_each(|c| strip(c, rule));
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(|c| strip(c, rule)),
+            _ => {}
+        }
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut crd = serde_json::to_value(crds.get("bootsmanclusters.bootsman.io").await.unwrap()).unwrap();
+    strip(&mut crd["spec"], rule);
+    crds.replace(
+        "bootsmanclusters.bootsman.io",
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+/// A cluster stored before a rule existed (an upgrade that added the rule) is not applied: the
+/// operator's own validation stalls it with the rule named.
 #[tokio::test]
-async fn a_rule_only_the_operator_checks_stalls_without_applying() {
-    let env = env().await;
+async fn a_cluster_stored_before_its_rule_existed_stalls_without_applying() {
+    // A control plane of its own: the CRD loses a rule, which no other test may see.
+    let env = TestEnv::start(bootsman_testenv::Options::default())
+        .await
+        .unwrap();
+    common::install_helm_chart_proxy_crd(&env).await;
     let ns = env.create_namespace("op-stall").await;
     let client = env.client().await;
-    let op = Operator::start(env, &ns).await;
+    drop_crd_rule(&client, "rule: address-pool-range-order").await;
+    let op = Operator::start(&env, &ns).await;
     let api: Api<BootsmanCluster> = Api::namespaced(client.clone(), &ns);
     let mut bc = sample(&ns);
-    // A range from the higher address to the lower: CEL cannot compare addresses.
+    // A range from the higher address to the lower.
     bc.spec.load_balancer.metallb = serde_json::from_value(serde_json::json!({
         "enabled": true,
         "bgpPeers": [{"peerAddress": "10.0.0.1", "peerASN": 64500, "myASN": 64501}],
         "addressPools": [{"name": "lb", "addresses": ["10.0.10.9-10.0.10.5"]}],
     }))
     .unwrap();
-    api.create(&PostParams::default(), &bc).await.unwrap();
+    // The API server may take a moment to serve the CRD without the rule.
+    until("the cluster stored without the rule", WAIT, || {
+        let (api, bc) = (api.clone(), bc.clone());
+        async move { api.create(&PostParams::default(), &bc).await.ok() }
+    })
+    .await;
     let got = wait_condition(&api, "demo", "Stalled", "True").await;
     let st = got.status.unwrap();
     let c = st.conditions.iter().find(|c| c.type_ == "Stalled").unwrap();

@@ -81,7 +81,7 @@ use serde::{Deserialize, Serialize};
     "controlPlane.endpoint.host lies inside network.podCIDR or network.serviceCIDR; the endpoint \
      must be an address on the hosts' network (rule: endpoint-outside-cluster-networks)"
 ))]
-#[x_kube(validation = Rule::new(ADDRESS_POOLS_OUTSIDE_CLUSTER).message(
+#[x_kube(validation = Rule::new(address_pools_outside_cluster()).message(
     "a metallb address pool overlaps network.podCIDR, network.serviceCIDR or the control-plane \
      endpoint; service IPs must come from the hosts' network, apart from both (rule: address-pool-overlap)"
 ))]
@@ -280,20 +280,97 @@ const ENDPOINT_OUTSIDE_CLUSTER_NETWORKS: &str = concat!(
 );
 
 /// CEL (on the spec): no MetalLB address pool entry overlaps a cluster network or holds the
-/// endpoint. A CIDR entry is compared whole; a `first-last` range by its two ends.
-const ADDRESS_POOLS_OUTSIDE_CLUSTER: &str = concat!(
-    "self.loadBalancer.metallb.addressPools.all(p, p.addresses.all(a, ",
-    // a CIDR entry against each network and the endpoint
-    "(!isCIDR(a) || (",
-    "(!isCIDR(self.network.podCIDR) || (!cidr(a).containsCIDR(self.network.podCIDR) && !cidr(self.network.podCIDR).containsCIDR(a))) && ",
-    "(!isCIDR(self.network.serviceCIDR) || (!cidr(a).containsCIDR(self.network.serviceCIDR) && !cidr(self.network.serviceCIDR).containsCIDR(a))) && ",
-    "(!isIP(self.controlPlane.endpoint.host) || !cidr(a).containsIP(self.controlPlane.endpoint.host)))) && ",
-    // a range's two ends against each network, and the endpoint against the ends
-    "(isCIDR(a) || !a.matches('^[^-]+-[^-]+$') || a.split('-').all(e, ",
-    "(!isCIDR(self.network.podCIDR) || !isIP(e.trim()) || !cidr(self.network.podCIDR).containsIP(e.trim())) && ",
-    "(!isCIDR(self.network.serviceCIDR) || !isIP(e.trim()) || !cidr(self.network.serviceCIDR).containsIP(e.trim())) && ",
-    "e.trim() != self.controlPlane.endpoint.host))))"
+/// endpoint. A CIDR entry is compared whole; a `first-last` range by its two ends, and by whether
+/// it spans a network from below to above.
+fn address_pools_outside_cluster() -> String {
+    // A range `f-l` whose ends both lie outside network `n` still overlaps it when it starts at
+    // or below the network's first address and ends above it.
+    let spans = |n: &str| {
+        format!(
+            "(!isCIDR({n}) || ip(f).family() != cidr({n}).ip().family() || \
+             !({le_start} && !{l_le_start}))",
+            le_start = ip_le("f", &format!("cidr({n}).masked().ip()")),
+            l_le_start = ip_le("l", &format!("cidr({n}).masked().ip()")),
+        )
+    };
+    format!(
+        "self.loadBalancer.metallb.addressPools.all(p, p.addresses.all(a, \
+         (!isCIDR(a) || (\
+         (!isCIDR(self.network.podCIDR) || (!cidr(a).containsCIDR(self.network.podCIDR) && !cidr(self.network.podCIDR).containsCIDR(a))) && \
+         (!isCIDR(self.network.serviceCIDR) || (!cidr(a).containsCIDR(self.network.serviceCIDR) && !cidr(self.network.serviceCIDR).containsCIDR(a))) && \
+         (!isIP(self.controlPlane.endpoint.host) || !cidr(a).containsIP(self.controlPlane.endpoint.host)))) && \
+         (isCIDR(a) || !a.matches('^[^-]+-[^-]+$') || (a.split('-').all(e, \
+         (!isCIDR(self.network.podCIDR) || !isIP(e.trim()) || !cidr(self.network.podCIDR).containsIP(e.trim())) && \
+         (!isCIDR(self.network.serviceCIDR) || !isIP(e.trim()) || !cidr(self.network.serviceCIDR).containsIP(e.trim())) && \
+         e.trim() != self.controlPlane.endpoint.host) && \
+         ({not_range} || [a.split('-')[0].trim()].all(f, [a.split('-')[1].trim()].all(l, \
+         {spans_pods} && {spans_services} && \
+         (!isIP(self.controlPlane.endpoint.host) || ip(f).family() != ip(self.controlPlane.endpoint.host).family() || \
+         !({f_le_ep} && !{l_le_ep})))))))))",
+        not_range = NOT_A_VALID_RANGE,
+        spans_pods = spans("self.network.podCIDR"),
+        spans_services = spans("self.network.serviceCIDR"),
+        f_le_ep = ip_le("f", "ip(self.controlPlane.endpoint.host)"),
+        l_le_ep = ip_le("l", "ip(self.controlPlane.endpoint.host)"),
+    )
+}
+
+/// CEL (on an address `a`): true unless `a` is `first-last` of two IPs of one family.
+const NOT_A_VALID_RANGE: &str = concat!(
+    "!isIP(a.split('-')[0].trim()) || !isIP(a.split('-')[1].trim()) || ",
+    "ip(a.split('-')[0].trim()).family() != ip(a.split('-')[1].trim()).family()"
 );
+
+/// CEL (on an address list): each `first-last` range goes from the lower address to the higher.
+fn ranges_in_order() -> String {
+    format!(
+        "self.all(a, isCIDR(a) || !a.matches('^[^-]+-[^-]+$') || {NOT_A_VALID_RANGE} || \
+         [a.split('-')[0].trim()].all(f, [a.split('-')[1].trim()].all(l, {})))",
+        ip_le("f", "ip(l)")
+    )
+}
+
+/// CEL: the address in the string `x` is at most the IP value `y`, both valid and of one family.
+/// CEL has no ordering of addresses, so this finds the length `n` of the prefix they share, by a
+/// binary search over prefix lengths (each step bound to a name with a one-element list): `x`
+/// is lower when its bit `n` is 0, that is when `x/(n+1)` holds the first address of `x/n`.
+fn ip_le(x: &str, y: &str) -> String {
+    let width = format!("(ip({x}).family() == 4 ? 32 : 128)");
+    let mut expr = format!(
+        "(n7 == {width} || cidr({x} + {}).containsIP(cidr({x} + {}).masked().ip()))",
+        prefix_suffix("n7 + 1"),
+        prefix_suffix("n7")
+    );
+    // Innermost first: n7 = n6 + 1, ..., n1 = 0 + 64; each grows by its step when x and y
+    // still share that longer prefix.
+    for k in (1..=7).rev() {
+        let step = 1 << (7 - k);
+        let to = format!("n{k}");
+        let from = if k == 1 {
+            "0".to_string()
+        } else {
+            format!("n{}", k - 1)
+        };
+        let longer = format!("{from} + {step}");
+        expr = format!(
+            "[{longer} <= {width} && cidr({x} + {}).containsIP({y}) ? {longer} : {from}].all({to}, {expr})",
+            prefix_suffix(&longer)
+        );
+    }
+    format!("({expr})")
+}
+
+/// CEL: `'/'` and the decimal digits of the prefix length `n` (0 to 128). Spelled with literal
+/// digit lists: `string(int)` has no size bound the API server's cost estimate could use.
+fn prefix_suffix(n: &str) -> String {
+    let tens: Vec<String> = (0..=12).map(|d| format!("'{d}'")).collect();
+    let ones: Vec<String> = (0..=9).map(|d| format!("'{d}'")).collect();
+    format!(
+        "('/' + ({n} >= 10 ? [{}][({n}) / 10] : '') + [{}][({n}) % 10])",
+        tens.join(","),
+        ones.join(",")
+    )
+}
 
 /// CEL (on an address list): each entry a CIDR or `first-last` of two IPs of one family.
 const ADDRESS_FORMAT: &str = concat!(
@@ -622,6 +699,10 @@ pub struct AddressPool {
     #[x_kube(validation = Rule::new(ADDRESS_FORMAT).message(
         "each addresses entry must be a CIDR such as 10.0.10.0/24 or a range first-last of two IP \
          addresses of one family, such as 10.0.10.5-10.0.10.9 (rule: address-pool-addresses)"
+    ))]
+    #[x_kube(validation = Rule::new(ranges_in_order()).message(
+        "a range first-last must go from the lower address to the higher, such as \
+         10.0.10.5-10.0.10.9 (rule: address-pool-range-order)"
     ))]
     pub addresses: Vec<String>,
     /// Whether services get addresses from this pool without asking for it by name.
