@@ -2,7 +2,8 @@
 //! control plane: a host registers and is Available, a Machine claims it and its bootstrap data
 //! runs, deleting the Machine resets the host and returns it to the pool, a killed agent makes the
 //! host Offline once its Lease expires, a restarted one brings it back, and the host serves the
-//! next Machine.
+//! next Machine. A certificate renewal mid-bootstrap neither kills nor repeats the command, and a
+//! ByoHost an admin deletes while its agent runs stays deleted until a new token enrols the host.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
@@ -126,28 +127,7 @@ async fn a_renewal_mid_bootstrap_neither_kills_nor_repeats_the_command() {
     ));
     env.apply_kustomization(&bootsman_testenv::repo_root().join("config/rbac"))
         .expect("apply config/rbac");
-    let mut s = common::Site::new_in(env, "agent-renew").await;
-    s.start_provider(s.config()).await;
-    s.start_approver().await;
-
-    // A token pinned to node-r, and the bootstrap kubeconfig an operator would hand the host.
-    let token = identity::BootstrapToken {
-        id: "renew1".into(),
-        secret: "0123456789abcdef".into(),
-        expiration: k8s_openapi::jiff::Timestamp::now() + Duration::from_secs(600),
-        pool: s.ns.clone(),
-        host: Some("node-r".into()),
-        replace: false,
-    };
-    let bootstrap = bootsman_fixtures::enroll::token_kubeconfig(env, &token).await;
-    let pool = common::Pool {
-        env,
-        ns: s.ns.clone(),
-        admin: s.admin.clone(),
-    };
-    let mut host = pool.host("node-r");
-    std::fs::remove_file(&host.kubeconfig).unwrap();
-    host.bootstrap_kubeconfig = Some(bootstrap);
+    let (s, mut host) = enrolling_site(env, "agent-renew", "node-r", "renew1").await;
     host.command_timeout = "5m".into();
     std::fs::create_dir_all(host.path("run")).unwrap();
     host.start(&[]);
@@ -217,6 +197,100 @@ async fn a_renewal_mid_bootstrap_neither_kills_nor_repeats_the_command() {
         (now != before).then_some(())
     })
     .await;
+    assert_eq!(host.terminate().code(), Some(0), "SIGTERM drains and exits 0");
+    s.stop().await;
+}
+
+/// A token pinned to `host` in the site's pool, as the bootstrap kubeconfig an operator hands
+/// the server.
+async fn pinned_bootstrap(s: &common::Site, id: &str, host: &str, replace: bool) -> std::path::PathBuf {
+    let token = bootsman_api::identity::BootstrapToken {
+        id: id.into(),
+        secret: "0123456789abcdef".into(),
+        expiration: k8s_openapi::jiff::Timestamp::now() + Duration::from_secs(600),
+        pool: s.ns.clone(),
+        host: Some(host.into()),
+        replace,
+    };
+    bootsman_fixtures::enroll::token_kubeconfig(s.env, &token).await
+}
+
+/// A site with the provider and its approver, and a host that has no identity yet, only the
+/// bootstrap kubeconfig of a token (`token_id`) pinned to it.
+async fn enrolling_site(
+    env: &'static bootsman_testenv::TestEnv,
+    prefix: &str,
+    host: &str,
+    token_id: &str,
+) -> (common::Site, common::Agent) {
+    let mut s = common::Site::new_in(env, prefix).await;
+    s.start_provider(s.config()).await;
+    s.start_approver().await;
+    let pool = common::Pool {
+        env,
+        ns: s.ns.clone(),
+        admin: s.admin.clone(),
+    };
+    let mut agent = pool.host(host);
+    std::fs::remove_file(&agent.kubeconfig).unwrap();
+    agent.bootstrap_kubeconfig = Some(pinned_bootstrap(&s, token_id, host, false).await);
+    (s, agent)
+}
+
+/// Waits for the agent to exit on its own and returns its status.
+async fn exits(host: &mut common::Agent) -> std::process::ExitStatus {
+    for _ in 0..600 {
+        if let Some(status) = host.exited() {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the agent did not exit within 60 s; log:\n{}", host.log());
+}
+
+/// The fault of an admin deleting a ByoHost while its agent runs. The host leaves the pool: the
+/// agent does not register it again (neither at once, racing the garbage collector for its pool
+/// binding, nor when restarted as its unit restarts it, with its still-valid certificate and the
+/// spent token), and exits naming the way back. A replacement token for the host brings it back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_byohost_deleted_while_its_agent_runs_stays_gone_until_a_replacement_token() {
+    let env = bootsman_testenv::TestEnv::shared().await;
+    env.apply_kustomization(&bootsman_testenv::repo_root().join("config/rbac"))
+        .expect("apply config/rbac");
+    let (s, mut host) = enrolling_site(env, "agent-removed", "node-d", "remov1").await;
+    host.start(&[]);
+    phase(&s, "node-d", HostPhase::Available).await;
+    let uid = s.byohosts().get("node-d").await.unwrap().metadata.uid.unwrap();
+
+    s.byohosts()
+        .delete("node-d", &DeleteParams::default())
+        .await
+        .unwrap();
+    let status = exits(&mut host).await;
+    assert!(!status.success(), "{status}: {}", host.log());
+    assert!(
+        host.log().contains("bootsmanctl hosts replace node-d"),
+        "the way back is named: {}",
+        host.log()
+    );
+    // Restarted as its unit restarts it: the same identity, the spent token, no ByoHost.
+    host.start(&[]);
+    let status = exits(&mut host).await;
+    assert!(!status.success(), "{status}: {}", host.log());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        s.byohosts().get_opt("node-d").await.unwrap().is_none(),
+        "the removed host registered again: {}",
+        host.log()
+    );
+
+    // A replacement token (its unexpired certificate still holds the name) brings it back, as a
+    // new ByoHost.
+    host.bootstrap_kubeconfig = Some(pinned_bootstrap(&s, "remov2", "node-d", true).await);
+    host.start(&[]);
+    phase(&s, "node-d", HostPhase::Available).await;
+    let again = s.byohosts().get("node-d").await.unwrap().metadata.uid.unwrap();
+    assert_ne!(again, uid);
     assert_eq!(host.terminate().code(), Some(0), "SIGTERM drains and exits 0");
     s.stop().await;
 }

@@ -88,6 +88,23 @@ pub enum Error {
         /// Cause.
         source: kube::Error,
     },
+    /// The host's ByoHost was deleted after this enrolment registered it: the host has left its
+    /// pool, and the agent does not create it again.
+    #[error(
+        "ByoHost {ns}/{name} was deleted: the host has left its pool, and its access there went \
+         with it, so the agent does not register it again; to bring it back, issue a token with \
+         `bootsmanctl hosts replace {name} --namespace {ns}` (its certificate still holds the \
+         name) and start the agent with it as --bootstrap-kubeconfig"
+    )]
+    Removed {
+        /// Namespace.
+        ns: String,
+        /// Name.
+        name: String,
+    },
+    /// The state directory could not be read or written.
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
     /// A metric could not be registered.
     #[error("register metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -227,8 +244,13 @@ pub async fn run(
     let (done_tx, done_rx) = watch::channel(false);
     let heartbeat = tokio::spawn(agent.clone().heartbeat(leases, done_rx.clone()));
     let (host_tx, host_rx) = watch::channel::<Option<ByoHost>>(None);
-    let worker = tokio::spawn(agent.clone().work(host_rx, stop.clone(), restart));
-    let watch_task = tokio::spawn(agent.clone().watch(host_tx, done_rx));
+    let (removed_tx, removed_rx) = watch::channel(false);
+    let worker = tokio::spawn(
+        agent
+            .clone()
+            .work(host_rx, stop.clone(), restart, removed_rx.clone()),
+    );
+    let watch_task = tokio::spawn(agent.clone().watch(host_tx, removed_tx, done_rx));
 
     // The worker returns on `stop` (abandoning a running command, keeping its progress) or on
     // `restart` once its action is done; heartbeat and watch run until then.
@@ -243,6 +265,9 @@ pub async fn run(
     let _ = done_tx.send(true);
     watch_task.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), heartbeat).await;
+    if *removed_rx.borrow() {
+        return Err(agent.removed());
+    }
     Ok(())
 }
 
@@ -315,13 +340,29 @@ impl Agent {
         }
     }
 
-    /// Creates or updates the ByoHost: labels, inventory, `Registered=True`.
+    fn removed(&self) -> Error {
+        Error::Removed {
+            ns: self.opts.namespace.clone(),
+            name: self.opts.name.clone(),
+        }
+    }
+
+    /// Creates or updates the ByoHost: labels, inventory, `Registered=True`. A ByoHost this
+    /// enrolment registered before and that is gone now (or whose pool no longer admits the
+    /// host) was removed by an admin: that is [`Error::Removed`], and nothing is created.
     async fn register(&self) -> Result<(), Error> {
         let err = |source| Error::Register {
             ns: self.opts.namespace.clone(),
             name: self.opts.name.clone(),
             source,
         };
+        let recorded = self.opts.executor.state.registration()?;
+        match self.api.get_opt(&self.opts.name).await {
+            Ok(None) if recorded.is_some() => return Err(self.removed()),
+            Err(kube::Error::Api(s)) if s.code == 403 && recorded.is_some() => return Err(self.removed()),
+            Err(e) => return Err(err(e)),
+            Ok(_) => {}
+        }
         let body = ssa::body::<ByoHost>(&self.opts.name, Some(&self.opts.namespace), json!({"spec": {}}));
         let mut body = body;
         body["metadata"]["labels"] = json!(self.opts.labels);
@@ -342,6 +383,11 @@ impl Agent {
         ssa::apply_status(&self.api, INVENTORY_MANAGER, &self.opts.name, &inv)
             .await
             .map_err(err)?;
+        if let Some(uid) = host.metadata.uid.clone()
+            && recorded.as_deref() != Some(uid.as_str())
+        {
+            self.opts.executor.state.record_registration(&uid)?;
+        }
         self.report(
             &host,
             types::REGISTERED,
@@ -406,8 +452,14 @@ impl Agent {
         }
     }
 
-    /// Watches the agent's own ByoHost and hands every new version to the worker.
-    async fn watch(self: Arc<Self>, tx: watch::Sender<Option<ByoHost>>, _stop: watch::Receiver<bool>) {
+    /// Watches the agent's own ByoHost and hands every new version to the worker. On its
+    /// deletion the worker is told (`removed`) and the watch ends.
+    async fn watch(
+        self: Arc<Self>,
+        tx: watch::Sender<Option<ByoHost>>,
+        removed: watch::Sender<bool>,
+        _stop: watch::Receiver<bool>,
+    ) {
         let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.opts.name));
         let mut stream = watcher(self.api.clone(), cfg).boxed();
         while let Some(ev) = stream.next().await {
@@ -416,10 +468,13 @@ impl Agent {
                     tx.send_replace(Some(h));
                 }
                 Ok(watcher::Event::Delete(_)) => {
-                    tracing::warn!("the ByoHost was deleted; registering again");
-                    if let Err(e) = self.register().await {
-                        tracing::warn!(error = %e, "registering again failed");
-                    }
+                    tracing::error!(
+                        "the ByoHost was deleted: the host has left its pool; a running action \
+                         finishes, then the agent stops"
+                    );
+                    tx.send_replace(None);
+                    removed.send_replace(true);
+                    return;
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -438,10 +493,11 @@ impl Agent {
         mut rx: watch::Receiver<Option<ByoHost>>,
         stop: watch::Receiver<bool>,
         mut restart: watch::Receiver<bool>,
+        mut removed: watch::Receiver<bool>,
     ) {
         let mut stopping = stop.clone();
         loop {
-            if *restart.borrow() {
+            if *restart.borrow() || *removed.borrow() {
                 return;
             }
             let host = rx.borrow_and_update().clone();
@@ -466,6 +522,7 @@ impl Agent {
                 _ = tokio::time::sleep(pause) => {}
                 _ = stopping.wait_for(|s| *s) => return,
                 _ = restart.wait_for(|s| *s) => return,
+                _ = removed.wait_for(|s| *s) => return,
             }
         }
     }

@@ -368,6 +368,22 @@ pub async fn ensure_identity(opts: &Options) -> Result<kube::Config, Error> {
     }
 }
 
+/// Enrols again with the bootstrap kubeconfig (a new token), whatever the current certificate:
+/// how a host removed from its pool comes back.
+pub async fn enrol_again(opts: &Options) -> Result<kube::Config, Error> {
+    identity::validate_host_name(&opts.host_name).map_err(|e| Error::Invalid(format!("host name: {e}")))?;
+    let Some(bootstrap) = &opts.bootstrap_kubeconfig else {
+        return Err(Error::Invalid(format!(
+            "no bootstrap kubeconfig to enrol again with: issue a token with `bootsmanctl hosts \
+             token --namespace <pool> --name {}` and pass it as the bootstrap kubeconfig",
+            opts.host_name
+        )));
+    };
+    tracing::info!(host = %opts.host_name, bootstrap = %bootstrap.display(),
+        "enrolling again with the bootstrap token");
+    request(opts, bootstrap, None).await
+}
+
 /// Renews the certificate now, with the host's own identity and a fresh key; `expiration`
 /// asks the signer for that lifetime (at least 10 minutes) instead of the configured one.
 pub async fn renew(opts: &Options, expiration: Option<Duration>) -> Result<kube::Config, Error> {
@@ -546,6 +562,13 @@ async fn request(opts: &Options, via: &Path, expiration: Option<Duration>) -> Re
 
     let kubeconfig = host_kubeconfig(&server, ca.as_deref(), &opts.host_name, &cert, &key_pem);
     write_private(&opts.kubeconfig, kubeconfig.as_bytes())?;
+    if via != opts.kubeconfig {
+        // Enrolled with a token: a new enrolment, which may register the ByoHost again.
+        crate::state::forget_registration(&opts.state_dir).map_err(|e| Error::Io {
+            path: opts.state_dir.join(crate::state::REGISTRATION_FILE),
+            source: std::io::Error::other(e),
+        })?;
+    }
     let key_path = opts.state_dir.join(KEY_FILE);
     std::fs::rename(&pending, &key_path).map_err(io(&key_path))?;
     if let Ok((_, v)) = read_certificate(&cert) {

@@ -298,6 +298,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     });
     let mut server = enroll::current_server(&enroll_opts).ok();
+    let mut enrolled_again = false;
     let result = loop {
         // Marked seen before the watcher below is cloned from it, so that only a renewal after
         // this point restarts the run.
@@ -321,6 +322,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         )
         .await;
         forward.abort();
+        if let Err(removed @ agent::Error::Removed { .. }) = &r
+            && !enrolled_again
+            && !*stop_rx.borrow()
+            && args.bootstrap_kubeconfig.is_some()
+        {
+            // Removed from the pool: only a new token brings the host back.
+            tracing::error!(error = %removed, "trying the bootstrap kubeconfig");
+            enrolled_again = true;
+            match enroll::enrol_again(&enroll_opts).await {
+                Ok(cfg) => {
+                    client = kube::Client::try_from(cfg)?;
+                    server = enroll::current_server(&enroll_opts).ok();
+                    continue;
+                }
+                Err(e) => tracing::error!(error = %e, "enrolling again failed"),
+            }
+        }
         if r.is_err() || *stop_rx.borrow() || !renewed_rx.has_changed().unwrap_or(false) {
             break r;
         }

@@ -185,6 +185,38 @@ impl StateDir {
     }
 }
 
+/// File in the state directory holding the uid of the ByoHost the current enrolment registered.
+/// While it names a ByoHost that no longer exists, the host was removed from its pool: the
+/// agent does not create the ByoHost again until a new token enrols the host.
+pub const REGISTRATION_FILE: &str = "registration";
+
+impl StateDir {
+    /// The uid of the ByoHost this enrolment registered, if it registered one.
+    pub fn registration(&self) -> Result<Option<String>, StateError> {
+        let path = self.dir.join(REGISTRATION_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(uid) => Ok(Some(uid.trim().to_string()).filter(|u| !u.is_empty())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("read", &path)(e)),
+        }
+    }
+
+    /// Records that this enrolment registered the ByoHost `uid`.
+    pub fn record_registration(&self, uid: &str) -> Result<(), StateError> {
+        write_atomic(&self.dir.join(REGISTRATION_FILE), uid.as_bytes())
+    }
+}
+
+/// Forgets the registration of the enrolment before (a new token enrolled the host, which may
+/// then create its ByoHost again).
+pub fn forget_registration(dir: &Path) -> Result<(), StateError> {
+    let path = dir.join(REGISTRATION_FILE);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", &path)(e)),
+        _ => Ok(()),
+    }
+}
+
 /// A uid as a file name (uids are `[0-9a-f-]`; anything else is replaced).
 fn safe(uid: &str) -> String {
     uid.chars()
