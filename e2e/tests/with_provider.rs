@@ -2,8 +2,9 @@
 //! control plane: a host registers and is Available, a Machine claims it and its bootstrap data
 //! runs, deleting the Machine resets the host and returns it to the pool, a killed agent makes the
 //! host Offline once its Lease expires, a restarted one brings it back, and the host serves the
-//! next Machine. A certificate renewal mid-bootstrap neither kills nor repeats the command, and a
-//! ByoHost an admin deletes while its agent runs stays deleted until a new token enrols the host.
+//! next Machine. Faults: a certificate renewal mid-bootstrap neither kills nor repeats the
+//! command; a ByoHost an admin deletes while its agent runs stays deleted until a new token
+//! enrols the host; a host whose quarantine an admin lifts is reset before its next bootstrap.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
@@ -49,17 +50,24 @@ async fn gone(s: &common::Site, machine: &str) {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_host_serves_a_machine_is_released_clean_goes_offline_and_comes_back() {
-    let mut s = common::Site::new("agent-e2e").await;
+/// A site with the provider running (releases time out after `release_timeout`), and its pool
+/// for real agents.
+async fn site_with_provider(prefix: &str, release_timeout: Duration) -> (common::Site, common::Pool) {
+    let mut s = common::Site::new(prefix).await;
     let mut config = s.config();
-    config.release_timeout = Duration::from_secs(120);
+    config.release_timeout = release_timeout;
     s.start_provider(config).await;
     let pool = common::Pool {
         env: s.env,
         ns: s.ns.clone(),
         admin: s.admin.clone(),
     };
+    (s, pool)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_serves_a_machine_is_released_clean_goes_offline_and_comes_back() {
+    let (s, pool) = site_with_provider("agent-e2e", Duration::from_secs(120)).await;
     let mut host = pool.host("node-p");
     host.start(&["role=worker"]);
     phase(&s, "node-p", HostPhase::Available).await;
@@ -291,6 +299,73 @@ async fn a_byohost_deleted_while_its_agent_runs_stays_gone_until_a_replacement_t
     phase(&s, "node-d", HostPhase::Available).await;
     let again = s.byohosts().get("node-d").await.unwrap().metadata.uid.unwrap();
     assert_ne!(again, uid);
+    assert_eq!(host.terminate().code(), Some(0), "SIGTERM drains and exits 0");
+    s.stop().await;
+}
+
+/// The fault of a quarantine an admin lifts. A host whose agent is down while its machine is
+/// deleted cannot reset: after the release timeout it is quarantined, still holding that
+/// machine's files. Its agent comes back, the admin lifts the quarantine (no release is asked
+/// for), and the next machine that claims the host finds it reset first: the first machine's
+/// file gone, the file it appended to cut back, and only then its own bootstrap.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lifted_quarantine_resets_the_host_before_its_next_bootstrap() {
+    use kube::api::{Patch, PatchParams};
+
+    let (s, pool) = site_with_provider("agent-quarantine", Duration::from_secs(5)).await;
+    let mut host = pool.host("node-q");
+    std::fs::create_dir_all(host.path("etc")).unwrap();
+    std::fs::write(host.path("etc/site.conf"), "before\n").unwrap();
+    host.start(&[]);
+    phase(&s, "node-q", HostPhase::Available).await;
+    s.cluster("c1", false).await;
+    let data = |m: &str| {
+        format!(
+            "#cloud-config\nwrite_files:\n  - path: /etc/{m}.conf\n    content: \"{m}\\n\"\n  \
+             - path: /etc/site.conf\n    content: \"{m}\\n\"\n    append: true\nruncmd:\n  - echo {m}\n"
+        )
+    };
+    common::create_machine_with_data(&s.admin, &s.ns, "c1", "m1", None, &data("m1")).await;
+    phase(&s, "node-q", HostPhase::Provisioned).await;
+    assert_eq!(common::read(&host.path("etc/site.conf")), "before\nm1\n");
+
+    // The agent is down while m1 is deleted: no reset, quarantine after the release timeout.
+    host.kill();
+    s.byomachines()
+        .delete("m1", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&s, "m1").await;
+    let h = s.byohosts().get("node-q").await.unwrap();
+    assert!(h.spec.quarantine.is_some(), "{:?}", h.spec);
+    assert!(host.path("etc/m1.conf").exists(), "nothing reset the host yet");
+
+    host.start(&[]);
+    phase(&s, "node-q", HostPhase::Quarantined).await;
+    s.byohosts()
+        .patch(
+            "node-q",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"quarantine": null}})),
+        )
+        .await
+        .unwrap();
+    phase(&s, "node-q", HostPhase::Available).await;
+
+    common::create_machine_with_data(&s.admin, &s.ns, "c1", "m2", None, &data("m2")).await;
+    phase(&s, "node-q", HostPhase::Provisioned).await;
+    let h = s.byohosts().get("node-q").await.unwrap();
+    assert_eq!(h.spec.machine_ref.as_ref().map(|m| m.name.as_str()), Some("m2"));
+    assert!(
+        !host.path("etc/m1.conf").exists(),
+        "m1's file outlived the lifted quarantine"
+    );
+    assert_eq!(common::read(&host.path("etc/m2.conf")), "m2\n");
+    assert_eq!(
+        common::read(&host.path("etc/site.conf")),
+        "before\nm2\n",
+        "m1's append must be cut back before m2's"
+    );
     assert_eq!(host.terminate().code(), Some(0), "SIGTERM drains and exits 0");
     s.stop().await;
 }
