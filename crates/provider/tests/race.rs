@@ -1,5 +1,7 @@
-//! Two provider processes, leader election off, racing for the same pool: every host is claimed
-//! by exactly one machine and every machine by exactly one host, run after run.
+//! Two provider processes, leader election off, racing for the same pool (what two leaders
+//! overlapping in a hand-over would do, all the time): every host is claimed by exactly one
+//! machine and every machine by exactly one host, run after run; and machines deleted while the
+//! claims are in flight leave no host claimed for a machine that is gone.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
@@ -21,6 +23,10 @@ fn runs() -> usize {
 }
 
 fn provider_process(site: &Site) -> tokio::process::Child {
+    provider_process_with(site, &[])
+}
+
+fn provider_process_with(site: &Site, extra: &[&str]) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_bootsman-provider"))
         .args([
             "--namespace",
@@ -29,6 +35,7 @@ fn provider_process(site: &Site) -> tokio::process::Child {
             "--metrics-bind-address",
             "127.0.0.1:0",
         ])
+        .args(extra)
         .env("KUBECONFIG", site.env.kubeconfig())
         .env("RUST_LOG", "warn")
         .kill_on_drop(true)
@@ -109,6 +116,102 @@ async fn two_providers_never_bind_one_host_twice() {
             HOSTS,
             "run {run}: every host claimed by exactly one machine"
         );
+        drop(a);
+        drop(b);
+        site.stop().await;
+    }
+}
+
+/// Machines deleted at random moments while two providers claim hosts for them: a machine's
+/// cleanup in one provider may meet a claim for it in the other. Whatever lands, no host stays
+/// claimed for a machine that is gone (a late claim is released by the orphan sweeper, here after
+/// a 2 s grace), every deletion completes, and every machine left holds exactly one host.
+#[tokio::test]
+async fn machines_deleted_mid_claim_leave_no_host_claimed_for_them() {
+    const N: usize = 30;
+    let flags = ["--release-timeout", "2s", "--orphan-grace", "2s"];
+    for run in 0..runs().min(5) {
+        let site = Site::new(&format!("cleanup{run}")).await;
+        let mut a = provider_process_with(&site, &flags);
+        let mut b = provider_process_with(&site, &flags);
+        site.cluster("c1", false).await;
+        let hosts: Vec<String> = (0..N).map(|i| format!("h{i:02}")).collect();
+        let machines: Vec<String> = (0..N).map(|i| format!("m{i:02}")).collect();
+        futures::future::join_all(hosts.iter().map(|h| site.host_fast(h))).await;
+        // Every other machine is deleted a few milliseconds to half a second after it was
+        // created, while the providers are claiming.
+        futures::future::join_all(machines.iter().enumerate().map(|(i, m)| {
+            let site = &site;
+            async move {
+                site.machine("c1", m, None).await;
+                if i % 2 == 0 {
+                    tokio::time::sleep(Duration::from_millis((i as u64 * 37) % 500)).await;
+                    site.byomachines().delete(m, &Default::default()).await.unwrap();
+                }
+            }
+        }))
+        .await;
+        let kept: std::collections::BTreeSet<String> = machines
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 1)
+            .map(|(_, m)| m.clone())
+            .collect();
+        wait_for(
+            &format!("run {run}: deletions done, no host claimed for a gone machine, one host per machine"),
+            Duration::from_secs(120),
+            || async {
+                let left = site
+                    .byomachines()
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items;
+                let names: std::collections::BTreeSet<String> =
+                    left.iter().filter_map(|m| m.metadata.name.clone()).collect();
+                if names != kept {
+                    return Err(format!("machines left: {names:?}"));
+                }
+                let uids: BTreeMap<String, String> = left
+                    .iter()
+                    .map(|m| (m.metadata.uid.clone().unwrap(), m.metadata.name.clone().unwrap()))
+                    .collect();
+                let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                for h in site
+                    .byohosts()
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                {
+                    if let Some(r) = &h.spec.machine_ref {
+                        let Some(m) = uids.get(&r.uid) else {
+                            return Err(format!(
+                                "host {:?} is claimed for {} ({}), which is gone",
+                                h.metadata.name, r.name, r.uid
+                            ));
+                        };
+                        held.entry(m.clone())
+                            .or_default()
+                            .push(h.metadata.name.clone().unwrap());
+                    }
+                }
+                match held.iter().find(|(_, hs)| hs.len() != 1) {
+                    Some((m, hs)) => Err(format!("machine {m} holds {hs:?}")),
+                    None if held.len() != kept.len() => {
+                        Err(format!("{} of {} machines hold a host", held.len(), kept.len()))
+                    }
+                    None => Ok(()),
+                }
+            },
+        )
+        .await;
+        for (name, child) in [("a", &mut a), ("b", &mut b)] {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "run {run}: provider {name} exited"
+            );
+        }
         drop(a);
         drop(b);
         site.stop().await;
