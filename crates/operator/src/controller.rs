@@ -54,8 +54,21 @@ pub const FINALIZER: &str = "bootsman.io/cluster-cleanup";
 const BLOCK_MOVE_REASON: &str = "reconciled by bootsman-operator: pause the Cluster to move it";
 /// How often a healthy cluster is looked at again (status counts come from CAPI).
 const RESYNC: Duration = Duration::from_secs(60);
-/// How soon a cluster is looked at again while it is being deleted or is not ready.
+/// How soon a cluster is looked at again while it is being deleted or is not ready (doubling, up
+/// to [`RESYNC`], while its status stays the same: see [`next_look`]).
 const SOON: Duration = Duration::from_secs(5);
+
+/// When to look at a cluster again after a reconcile: a Ready cluster after [`RESYNC`]; one that
+/// is not Ready after [`SOON`], doubled for each reconcile in a row that left its status as it
+/// was (`quiet`), up to [`RESYNC`]. What the status follows wakes the cluster anyway (its CAPI
+/// Cluster, control plane and MachineDeployments, its Machines and ByoMachines, the hosts), so a
+/// cluster that waits for nothing else costs little.
+pub fn next_look(ready: bool, quiet: u32) -> Duration {
+    if ready {
+        return RESYNC;
+    }
+    SOON.saturating_mul(1u32 << quiet.min(8)).min(RESYNC)
+}
 
 /// What a reconcile needs.
 pub struct Context {
@@ -70,6 +83,8 @@ pub struct Context {
     /// Host pools in other namespaces the provider lets machines use (its `--pool` flags), counted
     /// for `HostsAvailable` besides the cluster's own namespace.
     pub shared_pools: Vec<SharedPool>,
+    /// Per BootsmanCluster uid, how many reconciles in a row left its status unchanged.
+    quiet: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 impl Context {
@@ -92,6 +107,29 @@ impl Context {
             metrics,
             recorder,
             shared_pools: Vec::new(),
+            quiet: Default::default(),
+        }
+    }
+
+    /// Counts one more quiet reconcile of `bc` (its status unchanged), or starts again from 0;
+    /// returns the count.
+    fn note_quiet(&self, bc: &BootsmanCluster, unchanged: bool) -> u32 {
+        let (Some(uid), Ok(mut quiet)) = (bc.uid(), self.quiet.lock()) else {
+            return 0;
+        };
+        let n = if unchanged {
+            quiet.get(&uid).map_or(1, |n| n.saturating_add(1))
+        } else {
+            0
+        };
+        quiet.insert(uid, n);
+        n
+    }
+
+    /// Forgets the quiet count of a cluster that is going.
+    fn forget_quiet(&self, bc: &BootsmanCluster) {
+        if let (Some(uid), Ok(mut quiet)) = (bc.uid(), self.quiet.lock()) {
+            quiet.remove(&uid);
         }
     }
 
@@ -239,11 +277,8 @@ async fn apply(bc: &BootsmanCluster, ctx: &Context, api: &Api<BootsmanCluster>) 
 
     let observed = observe(bc, ctx, addons_missing).await?;
     let report = status::compute(bc, &observed, &conditions::now());
-    let requeue = if conditions::is_true(&report.status.conditions, "Ready") {
-        RESYNC
-    } else {
-        SOON
-    };
+    let quiet = ctx.note_quiet(bc, bc.status.as_ref() == Some(&report.status));
+    let requeue = next_look(conditions::is_true(&report.status.conditions, "Ready"), quiet);
     publish(ctx, bc, &report.notes).await;
     write_status(bc, api, report.status).await?;
     Ok(Action::requeue(requeue))
@@ -582,6 +617,7 @@ async fn cleanup(
 ) -> Result<Action, Error> {
     let ns = bc.namespace().unwrap_or_default();
     let name = bc.name_any();
+    ctx.forget_quiet(bc);
     let Some(c) = cluster else {
         event(ctx, bc, EventType::Normal, "Deleted", "the CAPI Cluster is gone").await;
         return Ok(Action::await_change());
@@ -643,8 +679,9 @@ pub fn error_policy(bc: Arc<BootsmanCluster>, err: &Error, _ctx: Arc<Context>) -
 }
 
 /// Runs the controller until `shutdown` resolves. Watches BootsmanClusters, the objects it
-/// renders (by owner) and ByoHosts (every cluster that may use the host's namespace is looked at
-/// again); with `namespace`, hosts of that namespace and of the shared pools it may use.
+/// renders (by owner), their Machines and ByoMachines (by the cluster-name label) and ByoHosts
+/// (every cluster that may use the host's namespace is looked at again); with `namespace`, hosts
+/// of that namespace and of the shared pools it may use.
 pub async fn run(
     ctx: Arc<Context>,
     namespace: Option<String>,
@@ -695,10 +732,27 @@ pub async fn run(
             }
         })
         .applied_objects();
+    let machines: Api<Machine> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let byomachines: Api<ByoMachine> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    // Machines and ByoMachines (which CAPI labels with their cluster's name, the
+    // BootsmanCluster's) wake their cluster: the serving host counts follow them.
+    fn of_cluster<K: kube::Resource>(o: K) -> Option<kube::runtime::reflector::ObjectRef<BootsmanCluster>> {
+        let name = o.meta().labels.as_ref()?.get(labels::CLUSTER_NAME)?;
+        Some(kube::runtime::reflector::ObjectRef::new(name).within(o.meta().namespace.as_deref()?))
+    }
+    let labelled = watcher::Config::default().labels(labels::CLUSTER_NAME);
     let mut controller = Controller::for_stream(clusters, reader)
         .owns(capi_clusters, watcher::Config::default())
         .owns(kcps, watcher::Config::default())
-        .owns(mds, watcher::Config::default());
+        .owns(mds, watcher::Config::default())
+        .watches(machines, labelled.clone(), of_cluster::<Machine>)
+        .watches(byomachines, labelled, of_cluster::<ByoMachine>);
     for hosts in hosts {
         let store = controller.store();
         let shared = ctx.shared_pools.clone();
@@ -728,6 +782,15 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quiet_cluster_is_looked_at_less_and_less_often() {
+        assert_eq!(next_look(true, 0), RESYNC);
+        assert_eq!(next_look(true, 5), RESYNC);
+        let secs: Vec<u64> = (0..6).map(|q| next_look(false, q).as_secs()).collect();
+        assert_eq!(secs, [5, 10, 20, 40, 60, 60]);
+        assert_eq!(next_look(false, u32::MAX), RESYNC);
+    }
 
     fn bootsman_cluster(annotations: &[&str]) -> BootsmanCluster {
         let mut bc: BootsmanCluster = serde_json::from_value(json!({

@@ -48,7 +48,7 @@
 //! hand-over (per-host Secret, Role, RoleBinding, `ByoHost.spec.bootstrapSecret`); no agent runs,
 //! so no machine goes on to `provisioned`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -58,14 +58,13 @@ use bootsman_api::capi::{
 };
 use bootsman_api::labels;
 use bootsman_api::v1beta1::{ByoHost, ByoHostSpec, ByoMachine, ByoMachineSpec};
+use bootsman_bench::{exempt_identity, parse_sample, peak_rss_mib, scrape};
 use bootsman_testenv::{Options, TestEnv};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::api::flowcontrol::v1::FlowSchema;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -167,7 +166,7 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
     // 3. Setup, before the provider starts.
     let ns = env.create_namespace("bench").await;
     let setup_started = Instant::now();
-    provider_identity(&admin).await?;
+    exempt_identity(&admin, PROVIDER_USER).await?;
     create_hosts(&admin, &ns, n).await?;
     create_cluster(&admin, &ns, "c1").await?;
     create_machines(&admin, &ns, "c1", n).await?;
@@ -187,22 +186,9 @@ async fn bench(env: &TestEnv, args: &Args, provider_bin: &Path) -> Result<serde_
     let kubeconfig = env.kubeconfig_for(PROVIDER_USER, &[])?;
     let metrics_port = bootsman_testenv::free_port()?;
     let log_path = args.out.join(format!("bind-{n}-provider.log"));
-    let log = std::fs::File::create(&log_path).with_context(|| format!("create {}", log_path.display()))?;
     let window_started = Instant::now();
-    let mut child = tokio::process::Command::new(provider_bin)
-        .args([
-            "--namespace",
-            &ns,
-            "--leader-elect=false",
-            "--metrics-bind-address",
-            &format!("127.0.0.1:{metrics_port}"),
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {}", provider_bin.display()))?;
+    let mut child =
+        bootsman_bench::spawn_controller(provider_bin, &ns, metrics_port, &kubeconfig, &log_path)?;
     let pid = child.id().context("the provider has no pid")?;
 
     let bms: Api<ByoMachine> = Api::namespaced(admin.clone(), &ns);
@@ -454,69 +440,6 @@ fn meta(name: &str, ns: &str) -> ObjectMeta {
     }
 }
 
-/// `cluster-admin` for the provider's user, and a FlowSchema that puts its requests into the
-/// `exempt` priority level (as an admin's are) under a name of their own.
-async fn provider_identity(client: &kube::Client) -> Result<()> {
-    let crb = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(PROVIDER_USER.into()),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "cluster-admin".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".into(),
-            name: PROVIDER_USER.into(),
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            ..Default::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(client.clone())
-        .create(&PostParams::default(), &crb)
-        .await
-        .context("create the provider's ClusterRoleBinding")?;
-    let fs: FlowSchema = serde_json::from_value(json!({
-        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-        "kind": "FlowSchema",
-        "metadata": {"name": PROVIDER_USER},
-        "spec": {
-            "matchingPrecedence": 2,
-            "priorityLevelConfiguration": {"name": "exempt"},
-            "rules": [{
-                "subjects": [{"kind": "User", "user": {"name": PROVIDER_USER}}],
-                "resourceRules": [{
-                    "verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
-                    "namespaces": ["*"], "clusterScope": true,
-                }],
-                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-            }],
-        },
-    }))?;
-    let api: Api<FlowSchema> = Api::all(client.clone());
-    api.create(&PostParams::default(), &fs)
-        .await
-        .context("create the provider's FlowSchema")?;
-    // The APF configuration controller marks a FlowSchema (`Dangling`) once it has digested it.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let fs = api.get(PROVIDER_USER).await?;
-        let digested = fs
-            .status
-            .and_then(|s| s.conditions)
-            .is_some_and(|c| c.iter().any(|c| c.type_.as_deref() == Some("Dangling")));
-        if digested {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the API server did not take up FlowSchema {PROVIDER_USER} within 30s");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// N ByoHosts, each with a heartbeat Lease renewed now and valid for an hour.
 async fn create_hosts(client: &kube::Client, ns: &str, n: usize) -> Result<()> {
     let hosts: Api<ByoHost> = Api::namespaced(client.clone(), ns);
@@ -647,106 +570,6 @@ async fn create_machines(client: &kube::Client, ns: &str, cluster: &str, n: usiz
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
-}
-
-/// Counters of one scrape of the API server's `/metrics`.
-struct Scrape {
-    /// Sum of `apiserver_request_total` over every series.
-    total: f64,
-    /// `apiserver_request_total` by `VERB resource[/subresource] code`.
-    by_request: HashMap<String, f64>,
-    /// `apiserver_flowcontrol_dispatched_requests_total` by FlowSchema.
-    by_flow_schema: HashMap<String, f64>,
-}
-
-async fn scrape(client: &kube::Client) -> Result<Scrape> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client
-        .request_text(req)
-        .await
-        .context("scrape the API server's /metrics")?;
-    let mut s = Scrape {
-        total: 0.0,
-        by_request: HashMap::new(),
-        by_flow_schema: HashMap::new(),
-    };
-    for line in text.lines() {
-        let Some((name, labels, value)) = parse_sample(line) else {
-            continue;
-        };
-        match name {
-            "apiserver_request_total" => {
-                s.total += value;
-                let l = |k: &str| labels.get(k).map(String::as_str).unwrap_or("");
-                let resource = match (l("resource"), l("subresource")) {
-                    ("", _) => "(non-resource)".to_string(),
-                    (r, "") => r.to_string(),
-                    (r, sub) => format!("{r}/{sub}"),
-                };
-                *s.by_request
-                    .entry(format!("{} {resource} {}", l("verb"), l("code")))
-                    .or_default() += value;
-            }
-            "apiserver_flowcontrol_dispatched_requests_total" => {
-                if let Some(fs) = labels.get("flow_schema") {
-                    *s.by_flow_schema.entry(fs.clone()).or_default() += value;
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(s)
-}
-
-/// One sample of the Prometheus text format: name, labels and value.
-fn parse_sample(line: &str) -> Option<(&str, HashMap<String, String>, f64)> {
-    if line.starts_with('#') || line.trim().is_empty() {
-        return None;
-    }
-    let (series, value) = line.rsplit_once(' ')?;
-    let value: f64 = value.parse().ok()?;
-    let (name, rest) = match series.find('{') {
-        Some(i) => (&series[..i], &series[i + 1..]),
-        None => (series, ""),
-    };
-    let mut labels = HashMap::new();
-    let mut chars = rest.chars().peekable();
-    loop {
-        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
-        let key = key.trim_start_matches([',', ' ']).to_string();
-        if key.is_empty() || key.starts_with('}') {
-            break;
-        }
-        if chars.next() != Some('"') {
-            break;
-        }
-        let mut val = String::new();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some(e) = chars.next() {
-                        val.push(if e == 'n' { '\n' } else { e });
-                    }
-                }
-                '"' => break,
-                c => val.push(c),
-            }
-        }
-        labels.insert(key, val);
-    }
-    Some((name, labels, value))
-}
-
-/// `VmHWM` (peak resident set) of a process, in MiB.
-fn peak_rss_mib(pid: u32) -> Result<f64> {
-    let path = format!("/proc/{pid}/status");
-    let status = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .with_context(|| format!("no VmHWM in {path}"))?;
-    Ok(kib / 1024.0)
 }
 
 /// The provider's own counters (claims, conflicts, reconciles and their errors), from its
