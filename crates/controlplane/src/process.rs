@@ -215,6 +215,13 @@ impl Component {
             while inner.iter().any(|p| running(*p)) && std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
+            let left: Vec<u32> = inner.into_iter().filter(|p| running(*p)).collect();
+            if !left.is_empty() {
+                eprintln!(
+                    "controlplane: {}: process(es) {left:?} still running 30 s after the kill",
+                    self.name
+                );
+            }
         }
     }
 }
