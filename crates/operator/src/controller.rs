@@ -691,12 +691,18 @@ pub async fn run(
     use futures::StreamExt;
     use kube::runtime::{Controller, WatchStreamExt, watcher};
     let client = ctx.client.clone();
-    let api = |c: &kube::Client| -> Api<BootsmanCluster> {
-        match &namespace {
-            Some(ns) => Api::namespaced(c.clone(), ns),
-            None => Api::all(c.clone()),
+    // Every watch but the hosts' covers `namespace`, or all namespaces without it.
+    fn scoped<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
         }
-    };
+    }
+    let scope = namespace.as_deref();
     // Namespaced, the operator still reads the shared pools its namespace may use: one watch
     // per pool namespace, so a host arriving there wakes the clusters too.
     let hosts: Vec<Api<ByoHost>> = match &namespace {
@@ -706,40 +712,28 @@ pub async fn run(
             .collect(),
         None => vec![Api::all(client.clone())],
     };
-    let kcps: Api<KubeadmControlPlane> = match &namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let mds: Api<MachineDeployment> = match &namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let capi_clusters: Api<Cluster> = match &namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+    let kcps: Api<KubeadmControlPlane> = scoped(&client, scope);
+    let mds: Api<MachineDeployment> = scoped(&client, scope);
+    let capi_clusters: Api<Cluster> = scoped(&client, scope);
     // The BootsmanClusters' watch is built here rather than by `Controller::new` so that
     // readiness can be read off the stream: the controller's store allows only one task to wait
     // for its first list (`Store::wait_until_ready` keeps one waker, and the controller itself
     // waits on it), so a second waiter could sleep forever and keep `/readyz` at 503.
     let (reader, writer) = kube::runtime::reflector::store();
-    let clusters = watcher(api(&client), watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .inspect(move |event| {
-            if matches!(event, Ok(watcher::Event::InitDone)) {
-                ready.ready();
-            }
-        })
-        .applied_objects();
-    let machines: Api<Machine> = match &namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let byomachines: Api<ByoMachine> = match &namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
+    let clusters = watcher(
+        scoped::<BootsmanCluster>(&client, scope),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .inspect(move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            ready.ready();
+        }
+    })
+    .applied_objects();
+    let machines: Api<Machine> = scoped(&client, scope);
+    let byomachines: Api<ByoMachine> = scoped(&client, scope);
     // Machines and ByoMachines (which CAPI labels with their cluster's name, the
     // BootsmanCluster's) wake their cluster: the serving host counts follow them.
     fn of_cluster<K: kube::Resource>(o: K) -> Option<kube::runtime::reflector::ObjectRef<BootsmanCluster>> {
