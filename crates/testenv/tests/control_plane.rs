@@ -236,12 +236,18 @@ async fn client_for_authenticates_as_the_given_user_and_groups() {
         .unwrap();
     let member = env.client_for("alice", &["team:other", "team:viewers"]).await;
     let outsider = env.client_for("bob", &["team:other"]).await;
-    assert!(
-        Api::<ConfigMap>::namespaced(member, &ns)
+    // RBAC is eventually consistent: the authorizer learns the binding from its informer, and
+    // `view` gets its rules from the aggregation controller, so a fresh control plane may need a
+    // moment before the member is allowed.
+    let member_cms = Api::<ConfigMap>::namespaced(member, &ns);
+    wait_for("the group binding to allow the member", WAIT, || async {
+        member_cms
             .list(&Default::default())
             .await
-            .is_ok()
-    );
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await;
     let refused = Api::<ConfigMap>::namespaced(outsider, &ns)
         .list(&Default::default())
         .await;
