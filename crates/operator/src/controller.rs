@@ -12,6 +12,9 @@
 //! - Status: `observe` gathers what CAPI, the host pools and the add-ons report into
 //!   [`status::Observed`]; [`status::compute`] (pure) makes the conditions, phase and Events;
 //!   the status is written only when it changed.
+//! - Reads: the objects the controller watches are read from its reflector caches, the others
+//!   only while they are not done yet and in a periodic thorough reconcile ([`crate::cache`]), so
+//!   a cluster at rest costs no request.
 //! - Pause: a BootsmanCluster with the `cluster.x-k8s.io/paused` annotation, or whose CAPI Cluster
 //!   has `spec.paused` (as `clusterctl move` sets it), is not reconciled (`Paused=True`). While it
 //!   reconciles, the operator keeps `clusterctl.cluster.x-k8s.io/block-move` on it, and removes it
@@ -20,9 +23,9 @@
 //!   which travels with the move: the source stays still while clusterctl deletes its Cluster, the
 //!   target waits for its Cluster to arrive and be unpaused, and only then resumes.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use bootsman_api::capi::{Cluster, KubeadmControlPlane, Machine, MachineDeployment};
 use bootsman_api::labels;
@@ -41,6 +44,7 @@ use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use crate::cache::{self, Memo, StoreBuilder, Stores, lookup};
 use crate::render::{control_plane_name, pool_object_name, render, resource_set_name};
 use crate::settings::OperatorSettings;
 use crate::status::{self, CONTROL_PLANE_ROLE, Observed, set};
@@ -83,8 +87,10 @@ pub struct Context {
     /// Host pools in other namespaces the provider lets machines use (its `--pool` flags), counted
     /// for `HostsAvailable` besides the cluster's own namespace.
     pub shared_pools: Vec<SharedPool>,
-    /// Per BootsmanCluster uid, how many reconciles in a row left its status unchanged.
-    quiet: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// Per BootsmanCluster uid, what its reconciles found ([`Memo`]).
+    memos: Mutex<HashMap<String, Memo>>,
+    /// The controller's caches, set by [`run`].
+    stores: OnceLock<Stores>,
 }
 
 impl Context {
@@ -107,29 +113,41 @@ impl Context {
             metrics,
             recorder,
             shared_pools: Vec::new(),
-            quiet: Default::default(),
+            memos: Default::default(),
+            stores: OnceLock::new(),
         }
     }
 
-    /// Counts one more quiet reconcile of `bc` (its status unchanged), or starts again from 0;
-    /// returns the count.
-    fn note_quiet(&self, bc: &BootsmanCluster, unchanged: bool) -> u32 {
-        let (Some(uid), Ok(mut quiet)) = (bc.uid(), self.quiet.lock()) else {
-            return 0;
-        };
-        let n = if unchanged {
-            quiet.get(&uid).map_or(1, |n| n.saturating_add(1))
-        } else {
-            0
-        };
-        quiet.insert(uid, n);
-        n
+    /// What earlier reconciles of `bc` found (empty for a cluster not seen yet).
+    fn memo(&self, bc: &BootsmanCluster) -> Memo {
+        match (bc.uid(), self.memos.lock()) {
+            (Some(uid), Ok(memos)) => memos.get(&uid).cloned().unwrap_or_default(),
+            _ => Memo::default(),
+        }
     }
 
-    /// Forgets the quiet count of a cluster that is going.
-    fn forget_quiet(&self, bc: &BootsmanCluster) {
-        if let (Some(uid), Ok(mut quiet)) = (bc.uid(), self.quiet.lock()) {
-            quiet.remove(&uid);
+    /// Keeps what this reconcile of `bc` found.
+    fn keep_memo(&self, bc: &BootsmanCluster, memo: Memo) {
+        if let (Some(uid), Ok(mut memos)) = (bc.uid(), self.memos.lock()) {
+            memos.insert(uid, memo);
+        }
+    }
+
+    /// Forgets what was found about a cluster that is going.
+    fn forget_memo(&self, bc: &BootsmanCluster) {
+        if let (Some(uid), Ok(mut memos)) = (bc.uid(), self.memos.lock()) {
+            memos.remove(&uid);
+        }
+    }
+
+    /// The controller's caches once every one has listed; until then a reconcile waits.
+    fn stores(&self) -> Result<&Stores, Error> {
+        match self.stores.get() {
+            Some(stores) if stores.synced() => Ok(stores),
+            _ => Err(Error::Waiting {
+                why: "the operator's caches to list".into(),
+                after: Duration::from_secs(1),
+            }),
         }
     }
 
@@ -221,17 +239,24 @@ async fn reconcile_inner(bc: Arc<BootsmanCluster>, ctx: &Context) -> Result<Acti
     let name = bc.name_any();
     let api: Api<BootsmanCluster> = Api::namespaced(ctx.client.clone(), &ns);
 
-    let cluster = Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(&name)
-        .await
-        .map_err(kube_err(format!("reading Cluster {ns}/{name}")))?;
+    let stores = ctx.stores()?;
+    // Deletion decides from the Cluster as the API server has it: a cache that has not seen a
+    // Cluster created a moment ago must not end the cleanup.
+    let cluster = if bc.metadata.deletion_timestamp.is_some() {
+        Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&name)
+            .await
+            .map_err(kube_err(format!("reading Cluster {ns}/{name}")))?
+    } else {
+        lookup(&stores.clusters, &ns, &name).map(|c| (*c).clone())
+    };
     let pause = pause_state(&bc, cluster.as_ref());
     if let Some(action) = honour_pause(&bc, ctx, &api, &pause).await? {
         return Ok(action);
     }
     finalizer(&api, FINALIZER, bc, |event| async {
         match event {
-            FinalizerEvent::Apply(bc) => apply(&bc, ctx, &api).await,
+            FinalizerEvent::Apply(bc) => apply(&bc, ctx, stores, &api).await,
             FinalizerEvent::Cleanup(bc) => cleanup(&bc, ctx, &api, cluster).await,
         }
     })
@@ -240,7 +265,12 @@ async fn reconcile_inner(bc: Arc<BootsmanCluster>, ctx: &Context) -> Result<Acti
 }
 
 /// Validates, renders and applies the cluster's objects, then writes its status.
-async fn apply(bc: &BootsmanCluster, ctx: &Context, api: &Api<BootsmanCluster>) -> Result<Action, Error> {
+async fn apply(
+    bc: &BootsmanCluster,
+    ctx: &Context,
+    stores: &Stores,
+    api: &Api<BootsmanCluster>,
+) -> Result<Action, Error> {
     let violations = validate(&bc.name_any(), &bc.spec);
     if !violations.is_empty() {
         let report = status::invalid(bc, &violations, &conditions::now());
@@ -249,21 +279,36 @@ async fn apply(bc: &BootsmanCluster, ctx: &Context, api: &Api<BootsmanCluster>) 
         return Ok(Action::await_change());
     }
 
+    let now = Instant::now();
+    let mut memo = ctx.memo(bc);
+    let spread = cache::spread(&bc.uid().unwrap_or_default());
+    let thorough = memo.thorough_due(bc.metadata.generation, now, spread);
     let desired = render(bc, &ctx.settings);
     let mut addons_missing = false;
     let mut written = Vec::new();
+    let mut rendered = HashMap::new();
     for obj in desired {
         // Add-ons need the Helm add-on provider's CRD; without it they wait (AddonsReady).
         let addon = obj["kind"] == "HelmChartProxy";
-        match apply_if_changed(&ctx.client, obj).await {
+        let key = object_key(&obj);
+        let hash = cache::hash(&obj);
+        let in_place = match stored(stores, &obj) {
+            Some(current) => Some(current.is_some_and(|c| contains(&c, &obj))),
+            None if !thorough && memo.rendered.get(&key) == Some(&hash) => Some(true),
+            None => None,
+        };
+        match apply_if_changed(&ctx.client, obj, in_place).await {
             Ok(Some(kind_name)) => written.push(kind_name),
             Ok(None) => {}
             Err(Error::Kube { source, .. }) if addon && is_not_found(&source) => {
                 addons_missing = true;
+                continue;
             }
             Err(e) => return Err(e),
         }
+        rendered.insert(key, hash);
     }
+    memo.rendered = rendered;
     if !written.is_empty() {
         event(
             ctx,
@@ -275,12 +320,24 @@ async fn apply(bc: &BootsmanCluster, ctx: &Context, api: &Api<BootsmanCluster>) 
         .await;
     }
 
-    let observed = observe(bc, ctx, addons_missing).await?;
+    let observed = observe(bc, ctx, stores, &mut memo, thorough, addons_missing).await?;
     let report = status::compute(bc, &observed, &conditions::now());
-    let quiet = ctx.note_quiet(bc, bc.status.as_ref() == Some(&report.status));
-    let requeue = next_look(conditions::is_true(&report.status.conditions, "Ready"), quiet);
+    memo.quiet = if bc.status.as_ref() == Some(&report.status) {
+        memo.quiet.saturating_add(1)
+    } else {
+        0
+    };
+    let requeue = next_look(
+        conditions::is_true(&report.status.conditions, "Ready"),
+        memo.quiet,
+    );
     publish(ctx, bc, &report.notes).await;
     write_status(bc, api, report.status).await?;
+    if thorough {
+        memo.generation = bc.metadata.generation;
+        memo.thorough_at = Some(now);
+    }
+    ctx.keep_memo(bc, memo);
     Ok(Action::requeue(requeue))
 }
 
@@ -404,10 +461,49 @@ async fn honour_pause(
     }
 }
 
+/// `Kind/namespace/name` of a rendered object.
+fn object_key(obj: &Value) -> String {
+    format!(
+        "{}/{}/{}",
+        obj["kind"].as_str().unwrap_or_default(),
+        obj["metadata"]["namespace"].as_str().unwrap_or_default(),
+        obj["metadata"]["name"].as_str().unwrap_or_default()
+    )
+}
+
+/// The stored form of a rendered object of a kind the controller watches, from its cache:
+/// `Some(None)` when the cache has no such object, `None` for a kind no cache holds.
+fn stored(stores: &Stores, obj: &Value) -> Option<Option<Value>> {
+    let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    let group = obj["apiVersion"].as_str().unwrap_or_default().split('/').next();
+    if group != Some("cluster.x-k8s.io") && group != Some("controlplane.cluster.x-k8s.io") {
+        return None;
+    }
+    let value = |o: Option<Value>| Some(o);
+    match obj["kind"].as_str() {
+        Some("Cluster") => {
+            value(lookup(&stores.clusters, ns, name).and_then(|o| serde_json::to_value(&*o).ok()))
+        }
+        Some("KubeadmControlPlane") => {
+            value(lookup(&stores.control_planes, ns, name).and_then(|o| serde_json::to_value(&*o).ok()))
+        }
+        Some("MachineDeployment") => {
+            value(lookup(&stores.machine_deployments, ns, name).and_then(|o| serde_json::to_value(&*o).ok()))
+        }
+        _ => None,
+    }
+}
+
 /// Applies `obj` unless every field it sets already has that value in the stored object (so a
-/// resync writes nothing, and a field changed by someone else is set back). Returns
-/// `Some("Kind/name")` when it wrote.
-async fn apply_if_changed(client: &kube::Client, obj: Value) -> Result<Option<String>, Error> {
+/// resync writes nothing, and a field changed by someone else is set back). `in_place` is what a
+/// cache or an earlier reconcile already knows about that (`None`: read the object first).
+/// Returns `Some("Kind/name")` when it wrote.
+async fn apply_if_changed(
+    client: &kube::Client,
+    obj: Value,
+    in_place: Option<bool>,
+) -> Result<Option<String>, Error> {
     let api_version = obj["apiVersion"].as_str().unwrap_or_default().to_string();
     let kind = obj["kind"].as_str().unwrap_or_default().to_string();
     let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
@@ -418,14 +514,16 @@ async fn apply_if_changed(client: &kube::Client, obj: Value) -> Result<Option<St
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
-    let current = api
-        .get_opt(&name)
-        .await
-        .map_err(kube_err(format!("reading {kind} {ns}/{name}")))?;
-    if let Some(c) = current
-        && let Ok(observed) = serde_json::to_value(&c)
-        && contains(&observed, &obj)
-    {
+    let in_place = match in_place {
+        Some(known) => known,
+        None => api
+            .get_opt(&name)
+            .await
+            .map_err(kube_err(format!("reading {kind} {ns}/{name}")))?
+            .and_then(|c| serde_json::to_value(&c).ok())
+            .is_some_and(|observed| contains(&observed, &obj)),
+    };
+    if in_place {
         return Ok(None);
     }
     api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&obj))
@@ -437,24 +535,15 @@ async fn apply_if_changed(client: &kube::Client, obj: Value) -> Result<Option<St
 /// How many hosts already serve cluster `name`: for each role (the control plane, or a worker
 /// pool's MachineDeployment name), the Machines whose ByoMachine has a host bound. A Machine that
 /// exists but still waits for a host needs one as much as a Machine not yet created.
-async fn serving_hosts(ctx: &Context, ns: &str, name: &str) -> Result<BTreeMap<String, i32>, Error> {
-    let selector = ListParams::default().labels(&format!("{}={name}", labels::CLUSTER_NAME));
-    let machines = Api::<Machine>::namespaced(ctx.client.clone(), ns)
-        .list(&selector)
-        .await
-        .map_err(kube_err("listing Machines"))?;
-    let byomachines = Api::<ByoMachine>::namespaced(ctx.client.clone(), ns)
-        .list(&selector)
-        .await
-        .map_err(kube_err("listing ByoMachines"))?;
-    let bound: std::collections::BTreeSet<String> = byomachines
-        .items
+fn serving_hosts(stores: &Stores, ns: &str, name: &str) -> BTreeMap<String, i32> {
+    let bound: std::collections::BTreeSet<String> = stores
+        .byomachines_of(ns, name)
         .iter()
         .filter(|bm| bm.status.as_ref().is_some_and(|s| s.host_ref.is_some()))
-        .map(ResourceExt::name_any)
+        .map(|bm| bm.name_any())
         .collect();
     let mut out = BTreeMap::new();
-    for m in &machines.items {
+    for m in stores.machines_of(ns, name) {
         if !bound.contains(&m.spec.infrastructure_ref.name) {
             continue;
         }
@@ -468,7 +557,7 @@ async fn serving_hosts(ctx: &Context, ns: &str, name: &str) -> Result<BTreeMap<S
         };
         *out.entry(role).or_insert(0) += 1;
     }
-    Ok(out)
+    out
 }
 
 /// Whether `observed` holds every field of `desired` with the same value (objects may carry
@@ -485,47 +574,58 @@ pub fn contains(observed: &Value, desired: &Value) -> bool {
     }
 }
 
-/// Reads what CAPI reports, the host pools and the add-ons' objects for `bc`: the observation
-/// [`status::compute`] turns into the status. `chart_api_missing`: applying a HelmChartProxy found
-/// no such API.
-async fn observe(bc: &BootsmanCluster, ctx: &Context, chart_api_missing: bool) -> Result<Observed, Error> {
+/// Gathers what CAPI reports, the host pools and the add-ons' objects for `bc`: the observation
+/// [`status::compute`] turns into the status. Watched objects come from `stores`; the kubeconfig
+/// Secret, the CNI's ClusterResourceSet and the HelmChartProxies are read in a `thorough`
+/// reconcile and, once the control plane has initialized, while they are not done yet; otherwise
+/// `memo` keeps what was read last. `chart_api_missing`: applying a HelmChartProxy found no such
+/// API.
+async fn observe(
+    bc: &BootsmanCluster,
+    ctx: &Context,
+    stores: &Stores,
+    memo: &mut Memo,
+    thorough: bool,
+    chart_api_missing: bool,
+) -> Result<Observed, Error> {
     let ns = bc.namespace().unwrap_or_default();
     let name = bc.name_any();
-    let control_plane = Api::<KubeadmControlPlane>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(&control_plane_name(&name))
-        .await
-        .map_err(kube_err("reading KubeadmControlPlane"))?
-        .map(|k| k.status.unwrap_or_default());
-    let serving = serving_hosts(ctx, &ns, &name).await?;
-
-    let mds = Api::<MachineDeployment>::namespaced(ctx.client.clone(), &ns);
+    let control_plane = lookup(&stores.control_planes, &ns, &control_plane_name(&name))
+        .map(|k| k.status.clone().unwrap_or_default());
+    let serving = serving_hosts(stores, &ns, &name);
     let mut machine_deployments = BTreeMap::new();
     for pool in &bc.spec.workers {
         let md_name = pool_object_name(&name, &pool.name);
-        if let Some(md) = mds
-            .get_opt(&md_name)
-            .await
-            .map_err(kube_err("reading MachineDeployment"))?
-        {
-            machine_deployments.insert(md_name, md.status.unwrap_or_default());
+        if let Some(md) = lookup(&stores.machine_deployments, &ns, &md_name) {
+            machine_deployments.insert(md_name, md.status.clone().unwrap_or_default());
         }
     }
     let mut hosts = Vec::new();
     for pool_ns in pools::pools_for(&ctx.shared_pools, &ns) {
-        let list = Api::<ByoHost>::namespaced(ctx.client.clone(), &pool_ns)
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err(format!("listing ByoHosts in {pool_ns}")))?;
-        hosts.extend(list.items);
+        hosts.extend(stores.hosts_in(&pool_ns));
     }
-    let kubeconfig = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
-        .get_metadata_opt(&format!("{name}-kubeconfig"))
-        .await
-        .map_err(kube_err("reading kubeconfig Secret"))?
-        .is_some();
+    // The kubeconfig and the add-ons come after the control plane's initialization (the
+    // Cluster's status says when); before it, only a thorough reconcile looks.
+    let initialized = lookup(&stores.clusters, &ns, &name).is_some_and(|c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.control_plane_initialized)
+            == Some(true)
+    });
+    let waiting = |done: bool| thorough || (initialized && !done);
 
-    let mut cni_resources_applied = false;
-    if bc.spec.network.cni == Cni::KubeRouter {
+    if waiting(memo.kubeconfig) {
+        memo.kubeconfig = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+            .get_metadata_opt(&format!("{name}-kubeconfig"))
+            .await
+            .map_err(kube_err("reading kubeconfig Secret"))?
+            .is_some();
+    }
+
+    if bc.spec.network.cni != Cni::KubeRouter {
+        memo.cni_resources_applied = false;
+    } else if waiting(memo.cni_resources_applied) {
         let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
             "addons.cluster.x-k8s.io",
             "v1beta2",
@@ -535,15 +635,21 @@ async fn observe(bc: &BootsmanCluster, ctx: &Context, chart_api_missing: bool) -
             .get_opt(&resource_set_name(&name, "cni"))
             .await
             .map_err(kube_err("reading ClusterResourceSet"))?;
-        cni_resources_applied = crs.as_ref().is_some_and(|c| {
+        memo.cni_resources_applied = crs.as_ref().is_some_and(|c| {
             c.data["status"]["conditions"].as_array().is_some_and(|cs| {
                 cs.iter()
                     .any(|c| c["type"] == "ResourcesApplied" && c["status"] == "True")
             })
         });
     }
-    let mut ready_chart_proxies = std::collections::BTreeSet::new();
-    if !chart_api_missing && !status::chart_addons(bc).is_empty() {
+
+    let addons = status::chart_addons(bc);
+    let all_ready = addons
+        .iter()
+        .all(|a| memo.ready_chart_proxies.contains(&format!("{name}-{a}")));
+    if chart_api_missing || addons.is_empty() {
+        memo.ready_chart_proxies.clear();
+    } else if waiting(all_ready) {
         let api = Api::<bootsman_api::capi::HelmChartProxy>::namespaced(ctx.client.clone(), &ns);
         let lp = ListParams::default().labels(&format!("{}={name}", labels::BOOTSMAN_CLUSTER));
         let proxies = match api.list(&lp).await {
@@ -551,26 +657,25 @@ async fn observe(bc: &BootsmanCluster, ctx: &Context, chart_api_missing: bool) -
             Err(e) if is_not_found(&e) => Vec::new(),
             Err(e) => return Err(kube_err("listing HelmChartProxies")(e)),
         };
-        ready_chart_proxies.extend(
-            proxies
-                .iter()
-                .filter(|p| {
-                    p.status
-                        .as_ref()
-                        .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
-                })
-                .map(ResourceExt::name_any),
-        );
+        memo.ready_chart_proxies = proxies
+            .iter()
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
+            })
+            .map(ResourceExt::name_any)
+            .collect();
     }
     Ok(Observed {
         control_plane,
         machine_deployments,
         serving,
         hosts,
-        kubeconfig,
-        cni_resources_applied,
+        kubeconfig: memo.kubeconfig,
+        cni_resources_applied: memo.cni_resources_applied,
         chart_proxy_api_missing: chart_api_missing,
-        ready_chart_proxies,
+        ready_chart_proxies: memo.ready_chart_proxies.clone(),
     })
 }
 
@@ -617,7 +722,7 @@ async fn cleanup(
 ) -> Result<Action, Error> {
     let ns = bc.namespace().unwrap_or_default();
     let name = bc.name_any();
-    ctx.forget_quiet(bc);
+    ctx.forget_memo(bc);
     let Some(c) = cluster else {
         event(ctx, bc, EventType::Normal, "Deleted", "the CAPI Cluster is gone").await;
         return Ok(Action::await_change());
@@ -712,9 +817,6 @@ pub async fn run(
             .collect(),
         None => vec![Api::all(client.clone())],
     };
-    let kcps: Api<KubeadmControlPlane> = scoped(&client, scope);
-    let mds: Api<MachineDeployment> = scoped(&client, scope);
-    let capi_clusters: Api<Cluster> = scoped(&client, scope);
     // The BootsmanClusters' watch is built here rather than by `Controller::new` so that
     // readiness can be read off the stream: the controller's store allows only one task to wait
     // for its first list (`Store::wait_until_ready` keeps one waker, and the controller itself
@@ -732,25 +834,49 @@ pub async fn run(
         }
     })
     .applied_objects();
-    let machines: Api<Machine> = scoped(&client, scope);
-    let byomachines: Api<ByoMachine> = scoped(&client, scope);
+    // Every other watch both wakes clusters and fills a cache a reconcile reads.
+    let mut builder = StoreBuilder::new();
+    let all = watcher::Config::default;
+    let (capi_store, capi_clusters) = builder.watch(scoped::<Cluster>(&client, scope), all());
+    let (kcp_store, kcps) = builder.watch(scoped::<KubeadmControlPlane>(&client, scope), all());
+    let (md_store, mds) = builder.watch(scoped::<MachineDeployment>(&client, scope), all());
     // Machines and ByoMachines (which CAPI labels with their cluster's name, the
     // BootsmanCluster's) wake their cluster: the serving host counts follow them.
+    let labelled = || watcher::Config::default().labels(labels::CLUSTER_NAME);
+    let (machine_store, machines) = builder.watch(scoped::<Machine>(&client, scope), labelled());
+    let (byomachine_store, byomachines) = builder.watch(scoped::<ByoMachine>(&client, scope), labelled());
+    let mut host_stores = Vec::new();
+    let mut host_streams = Vec::new();
+    for api in hosts {
+        let (store, stream) = builder.watch(api, all());
+        host_stores.push(store);
+        host_streams.push(stream);
+    }
+    let stores = builder.finish(
+        capi_store,
+        kcp_store,
+        md_store,
+        machine_store,
+        byomachine_store,
+        host_stores,
+    );
+    if ctx.stores.set(stores).is_err() {
+        tracing::warn!("the controller runs a second time on one context; it reads the first run's caches");
+    }
     fn of_cluster<K: kube::Resource>(o: K) -> Option<kube::runtime::reflector::ObjectRef<BootsmanCluster>> {
         let name = o.meta().labels.as_ref()?.get(labels::CLUSTER_NAME)?;
         Some(kube::runtime::reflector::ObjectRef::new(name).within(o.meta().namespace.as_deref()?))
     }
-    let labelled = watcher::Config::default().labels(labels::CLUSTER_NAME);
     let mut controller = Controller::for_stream(clusters, reader)
-        .owns(capi_clusters, watcher::Config::default())
-        .owns(kcps, watcher::Config::default())
-        .owns(mds, watcher::Config::default())
-        .watches(machines, labelled.clone(), of_cluster::<Machine>)
-        .watches(byomachines, labelled, of_cluster::<ByoMachine>);
-    for hosts in hosts {
+        .owns_stream(capi_clusters)
+        .owns_stream(kcps)
+        .owns_stream(mds)
+        .watches_stream(machines, of_cluster::<Machine>)
+        .watches_stream(byomachines, of_cluster::<ByoMachine>);
+    for hosts in host_streams {
         let store = controller.store();
         let shared = ctx.shared_pools.clone();
-        controller = controller.watches(hosts, watcher::Config::default(), move |h: ByoHost| {
+        controller = controller.watches_stream(hosts, move |h: ByoHost| {
             // A host wakes the clusters of its namespace and of every namespace its pool serves.
             let ns = h.namespace().unwrap_or_default();
             store

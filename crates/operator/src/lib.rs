@@ -2,6 +2,7 @@
 //! Cluster API objects of a child cluster (fetch → validate → render → apply → status) and keeps
 //! them matching the spec.
 
+pub mod cache;
 pub mod controller;
 pub mod render;
 pub mod settings;
