@@ -227,11 +227,13 @@ async fn apply(
     }
 
     let handed_over = bootstrap::ensure(&bm, ctx, &host, &machine, &cluster, &data_secret).await;
+    // A claim and its hand-over in one reconcile (the usual case) make one Event.
+    let delivered_now = matches!(handed_over, Ok((_, true)));
     if claimed {
-        claim::announce(&bm, ctx, &host).await;
+        claim::announce(&bm, ctx, &host, delivered_now).await;
     }
     let (host, delivered) = handed_over?;
-    if delivered {
+    if delivered && !claimed {
         bootstrap::delivered_event(&bm, ctx, &host).await;
     }
     let provider_id = format!("byoh://{host_ns}/{}", host.name_any());

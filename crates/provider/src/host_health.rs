@@ -15,11 +15,13 @@
 //! to another owner, so a ByoHost deleted and registered again under its name does not inherit
 //! it (the garbage collector takes it). Field manager `bootsman-provider/host-access`
 //! (owns that one owner reference; the approver's apply leaves it alone). Each host is checked
-//! once per process once its binding is owned.
+//! once per process once its binding is owned; a host without a binding (one an admin created,
+//! not enrolled through the approver, which writes the binding before the host can register) is
+//! checked again only after [`ABSENT_RECHECK`], not on every change of the host.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bootsman_api::condition::types;
 use bootsman_api::v1beta1::{ByoHost, HostPhase};
@@ -43,16 +45,35 @@ pub const MANAGER: &str = "bootsman-provider/health";
 /// Field manager of the ByoHost owner reference on the host's pool RoleBinding.
 pub const ACCESS_MANAGER: &str = "bootsman-provider/host-access";
 
+/// How long a host found without a pool RoleBinding is not looked at again.
+pub const ABSENT_RECHECK: Duration = Duration::from_secs(300);
+
 /// The hosts (by ByoHost uid) whose pool RoleBinding this process has seen owned by them: they
-/// are not looked at again.
+/// are not looked at again; and those found without one, with when.
 #[derive(Debug, Default)]
 pub struct AdoptedBindings {
     uids: Mutex<HashSet<String>>,
+    absent: Mutex<HashMap<String, Instant>>,
 }
 
 impl AdoptedBindings {
     fn contains(&self, uid: &str) -> bool {
         self.uids.lock().is_ok_and(|s| s.contains(uid))
+    }
+
+    /// Whether `uid` was found without a binding less than [`ABSENT_RECHECK`] ago.
+    fn recently_absent(&self, uid: &str) -> bool {
+        self.absent
+            .lock()
+            .is_ok_and(|m| m.get(uid).is_some_and(|at| at.elapsed() < ABSENT_RECHECK))
+    }
+
+    /// Remembers that `uid` has no binding now; forgets the stale entries as it goes.
+    fn note_absent(&self, uid: String) {
+        if let Ok(mut m) = self.absent.lock() {
+            m.retain(|_, at| at.elapsed() < ABSENT_RECHECK);
+            m.insert(uid, Instant::now());
+        }
     }
 
     /// Remembers `uid`; forgets the hosts that are no longer in the pool index when the set has
@@ -77,7 +98,7 @@ async fn adopt_pool_binding(host: &ByoHost, ctx: &Context, adopted: &AdoptedBind
     let (Some(uid), Some(ns)) = (host.uid(), host.namespace()) else {
         return Ok(());
     };
-    if adopted.contains(&uid) {
+    if adopted.contains(&uid) || adopted.recently_absent(&uid) {
         return Ok(());
     }
     let name = host.name_any();
@@ -85,6 +106,7 @@ async fn adopt_pool_binding(host: &ByoHost, ctx: &Context, adopted: &AdoptedBind
     let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns);
     let what = || format!("hand RoleBinding {ns}/{binding_name} to ByoHost {name}");
     let Some(binding) = bindings.get_opt(&binding_name).await.map_err(kerr(what()))? else {
+        adopted.note_absent(uid);
         return Ok(());
     };
     if !pool_access::is_pool_binding(&binding, &name) {

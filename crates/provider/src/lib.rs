@@ -104,8 +104,10 @@ where
     let subs: [reflector::ReflectHandle<K>; N] = subs
         .try_into()
         .map_err(|_| anyhow::anyhow!("subscriptions of a shared store"))?;
+    // Managed fields are never read here and are most of a small object's size.
     let stream = watcher(api::<K>(client, namespace), config.clone())
         .default_backoff()
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
         .reflect_shared(writer);
     tasks.spawn(async move {
         stream.for_each(|_| async {}).await;

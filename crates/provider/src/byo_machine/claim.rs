@@ -177,14 +177,18 @@ fn counted(bm: &ByoMachine, ctx: &Context, claimed: ByoHost) -> Claim {
     }
 }
 
-/// Announces a claim. Published by the caller once the bootstrap hand-over that follows the
-/// claim is done (or has failed), so that the host's two spec changes follow each other closely.
-pub async fn announce(bm: &ByoMachine, ctx: &Context, host: &ByoHost) {
-    let note = format!(
+/// Announces a claim, and with `delivered` the bootstrap hand-over that followed it. Published
+/// by the caller once that hand-over is done (or has failed), so that the host's two spec changes
+/// follow each other closely.
+pub async fn announce(bm: &ByoMachine, ctx: &Context, host: &ByoHost, delivered: bool) {
+    let mut note = format!(
         "claimed host {}/{}",
         host.namespace().unwrap_or_default(),
         host.name_any()
     );
+    if delivered {
+        note.push_str(" and handed it the bootstrap data");
+    }
     ctx.event(bm, false, "HostClaimed", "Claim", note).await;
 }
 
