@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use bootsman_api::capi::{Cluster, KubeadmControlPlane, Machine, MachineDeployment};
-use bootsman_api::v1alpha1::BootsmanCluster;
+use bootsman_api::v1alpha1::{BootsmanCluster, Project};
 use bootsman_api::v1beta1::{ByoCluster, ByoHost, ByoMachine, HostPhase};
 use bootsman_runtime::leader::{LeaderElection, LeaderHandle};
 use bootsman_runtime::metrics::Metrics;
@@ -80,6 +80,11 @@ fn chart_carries_the_same_crds_and_host_manifests_as_config() {
             "charts/bootsman/files/rbac",
             &["kustomization.yaml"][..],
         ),
+        (
+            "config/projects",
+            "charts/bootsman/files/projects",
+            &["kustomization.yaml"][..],
+        ),
     ] {
         let a = files(&root.join(ours), skip);
         let b = files(&root.join(chart_copy), &[]);
@@ -122,10 +127,32 @@ fn helm_lint_and_template_pass_with_the_defaults() {
     let kinds = |kind: &str| docs.iter().filter(|d| d["kind"] == kind).count();
     assert_eq!(kinds("Deployment"), 2);
     assert_eq!(kinds("ServiceAccount"), 2);
+    let policies: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .filter_map(|d| d["metadata"]["name"].as_str())
+        .collect();
     assert_eq!(
-        kinds("ValidatingAdmissionPolicy"),
-        2,
-        "the host policy ships with the chart"
+        policies.len(),
+        3,
+        "the host policies and the project policy ship with the chart: {policies:?}"
+    );
+    assert!(
+        policies.contains(&"bootsman-project-admin-fields"),
+        "{policies:?}"
+    );
+    let operator_args = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "bootsman-operator")
+        .map(|d| d["spec"]["template"]["spec"]["containers"][0]["args"].clone())
+        .unwrap();
+    assert!(
+        operator_args
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--projects=true"),
+        "{operator_args}"
     );
     for d in docs.iter().filter(|d| d["kind"] == "Deployment") {
         let name = d["metadata"]["name"].as_str().unwrap();
@@ -914,6 +941,84 @@ async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_clus
     bcs.delete(&name, &DeleteParams::default()).await.unwrap();
     gone(&bcs, &name).await;
     gone(&Api::<Cluster>::namespaced(admin.clone(), &clusters_ns), &name).await;
+
+    // The Project controller with the operator's chart identity: a new namespace, a quota, the
+    // member and host-pool RoleBindings and the per-project ClusterRoles, all allowed.
+    let projects = Component::start(
+        &operator_sa,
+        "bootsman-operator-projects",
+        |client, shutdown| async move {
+            bootsman_operator::project::run(client, shutdown).await;
+        },
+    )
+    .await;
+    let project = format!("{clusters_ns}-team");
+    let team_ns = format!("{clusters_ns}-team");
+    let body = serde_json::json!({
+        "apiVersion": "bootsman.io/v1alpha1", "kind": "Project",
+        "metadata": {"name": project},
+        "spec": {
+            "namespaces": [team_ns],
+            "hostPools": [pool],
+            "members": [
+                {"kind": "User", "name": "team-owner", "role": "owner"},
+                {"kind": "Group", "name": "team-devs", "role": "member"},
+                {"kind": "ServiceAccount", "name": "ci", "namespace": "default", "role": "viewer"},
+            ],
+            "quotas": {"clusters": 2, "resourceQuota": {"hard": {"configmaps": "10"}}},
+        },
+    });
+    let project_api: Api<Project> = Api::all(admin.clone());
+    project_api
+        .patch(
+            &project,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .unwrap();
+    let ready = wait_for("the Project reconciled with the chart's rights", WAIT, || async {
+        let p = project_api.get(&project).await.map_err(|e| e.to_string())?;
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
+        match ready {
+            Some(c) if c.status == "True" => Ok(p),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(ready.status.unwrap().namespaces, [team_ns.clone()]);
+    for role in ["owner", "member", "viewer"] {
+        Api::<RoleBinding>::namespaced(admin.clone(), &team_ns)
+            .get(&format!("bootsman:project:{role}"))
+            .await
+            .unwrap_or_else(|e| panic!("RoleBinding for {role}: {e}"));
+    }
+    Api::<RoleBinding>::namespaced(admin.clone(), &pool)
+        .get(&format!("bootsman:project:{project}:hosts"))
+        .await
+        .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .get(&format!("bootsman:project:{project}:owner"))
+        .await
+        .unwrap();
+    // Its rights to RoleBindings do not let it hand out more than the project roles.
+    let escalate: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "escalate"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "User", "name": "team-owner", "apiGroup": "rbac.authorization.k8s.io"}],
+    }))
+    .unwrap();
+    let refused = Api::<RoleBinding>::namespaced(operator_sa.clone(), &team_ns)
+        .create(&PostParams::default(), &escalate)
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+        "the operator bound cluster-admin: {refused:?}"
+    );
+    projects.stop().await;
 
     operator.stop().await;
     provider.stop().await;

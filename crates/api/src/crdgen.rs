@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::v1alpha1::BootsmanCluster;
+use crate::v1alpha1::{BootsmanCluster, Project};
 use crate::v1beta1::{ByoCluster, ByoClusterTemplate, ByoHost, ByoMachine, ByoMachineTemplate};
 
 /// The command that regenerates the committed CRD files.
@@ -43,6 +43,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         ByoCluster::crd(),
         ByoClusterTemplate::crd(),
         BootsmanCluster::crd(),
+        Project::crd(),
     ]
 }
 
@@ -141,6 +142,7 @@ mod tests {
                 "byoclusters.infrastructure.cluster.x-k8s.io.yaml",
                 "byoclustertemplates.infrastructure.cluster.x-k8s.io.yaml",
                 "bootsmanclusters.bootsman.io.yaml",
+                "projects.bootsman.io.yaml",
             ]
         );
         for crd in all() {
@@ -169,7 +171,9 @@ mod tests {
             let moves = labels.get(crate::labels::CLUSTERCTL_MOVE).map(String::as_str);
             assert_eq!(
                 moves,
-                (crd.spec.names.kind == "ByoHost").then_some(""),
+                // Cluster-scoped kinds clusterctl moves as a whole (it finds no owner chain
+                // leading to them from a Cluster).
+                matches!(crd.spec.names.kind.as_str(), "ByoHost" | "Project").then_some(""),
                 "{name}: move label"
             );
             let categories = crd.spec.names.categories.clone().unwrap_or_default();

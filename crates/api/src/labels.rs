@@ -38,5 +38,8 @@ pub const ZONE: &str = "topology.kubernetes.io/zone";
 pub const HOST_OWNED_PREFIX: &str = "host.bootsman.io/";
 /// Label the operator puts on everything it renders for one BootsmanCluster.
 pub const BOOTSMAN_CLUSTER: &str = "bootsman.io/cluster";
+/// Label on a namespace a Project owns, and on the RBAC objects the operator makes for the
+/// Project: the Project's name.
+pub const PROJECT: &str = "bootsman.io/project";
 /// Per-cluster label that selects the addon `HelmChartProxy` objects of one child cluster.
 pub const ADDONS_SELECTOR: &str = "bootsman.io/addons";

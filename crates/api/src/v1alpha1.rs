@@ -1,8 +1,10 @@
-//! `bootsman.io/v1alpha1`: the provisioning operator's `BootsmanCluster`.
+//! `bootsman.io/v1alpha1`: the provisioning operator's `BootsmanCluster` and `Project`.
 
 mod bootsman_cluster;
+mod project;
 
 pub use bootsman_cluster::*;
+pub use project::*;
 
 /// API group of the operator's kinds.
 pub const GROUP: &str = "bootsman.io";

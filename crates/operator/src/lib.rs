@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod controller;
+pub mod project;
 pub mod render;
 pub mod settings;
 pub mod status;

@@ -30,6 +30,10 @@ struct Args {
     /// allowed namespaces.
     #[arg(long = "pool", value_parser = SharedPool::parse)]
     pools: Vec<SharedPool>,
+    /// Run the Project controller (namespaces, member RoleBindings, host-pool access, usage of
+    /// each Project). Needs cluster-wide rights, so it never runs with `--namespace`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    projects: bool,
     #[command(flatten)]
     process: ProcessArgs,
 }
@@ -61,8 +65,19 @@ async fn main() -> anyhow::Result<()> {
     let process = args.process.process("bootsman-operator");
     let ctx = Arc::new(Context::new(client.clone(), settings, metrics.clone()).with_shared_pools(args.pools));
     let namespace = args.namespace;
+    let projects = args.projects && namespace.is_none();
+    let project_client = client.clone();
     lifecycle::run(client, process, metrics, |shutdown, ready| async move {
-        controller::run(ctx, namespace, ready, shutdown).await;
+        if projects {
+            // Both stop when `shutdown` resolves.
+            let shutdown = futures::FutureExt::shared(shutdown);
+            tokio::join!(
+                controller::run(ctx, namespace, ready, shutdown.clone()),
+                bootsman_operator::project::run(project_client, shutdown),
+            );
+        } else {
+            controller::run(ctx, namespace, ready, shutdown).await;
+        }
         Ok::<(), Never>(())
     })
     .await?;
