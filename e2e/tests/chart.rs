@@ -134,13 +134,12 @@ fn helm_lint_and_template_pass_with_the_defaults() {
         .collect();
     assert_eq!(
         policies.len(),
-        3,
-        "the host policies and the project policy ship with the chart: {policies:?}"
+        4,
+        "the host policies and the project policies ship with the chart: {policies:?}"
     );
-    assert!(
-        policies.contains(&"bootsman-project-admin-fields"),
-        "{policies:?}"
-    );
+    for name in ["bootsman-project-admin-fields", "bootsman-project-quotas"] {
+        assert!(policies.contains(&name), "{name}: {policies:?}");
+    }
     let operator_args = docs
         .iter()
         .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "bootsman-operator")
@@ -989,7 +988,7 @@ async fn the_chart_rbac_suffices_to_bind_and_release_a_host_and_to_render_a_clus
         }
     })
     .await;
-    assert_eq!(ready.status.unwrap().namespaces, [team_ns.clone()]);
+    assert_eq!(ready.status.unwrap().namespaces, vec![team_ns.clone()]);
     for role in ["owner", "member", "viewer"] {
         Api::<RoleBinding>::namespaced(admin.clone(), &team_ns)
             .get(&format!("bootsman:project:{role}"))

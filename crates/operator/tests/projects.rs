@@ -122,7 +122,7 @@ async fn members_get_their_role_in_their_project_and_nothing_in_another() {
                     {"kind": "User", "name": user("bob"), "role": "member"},
                     {"kind": "User", "name": user("carol"), "role": "viewer"},
                 ],
-                "quotas": {"clusters": 1, "resourceQuota": {"hard": {"configmaps": "50"}}},
+                "quotas": {"clusters": 1, "controlPlaneHosts": 3, "resourceQuota": {"hard": {"configmaps": "50"}}},
             },
         }),
     )
@@ -359,28 +359,96 @@ async fn members_get_their_role_in_their_project_and_nothing_in_another() {
         Some(403)
     );
 
-    // Usage follows the clusters; a second cluster goes over the quota of one.
-    let mut second = sample(&a_ns);
-    second.metadata.name = Some("demo-2".into());
-    clusters(&bob, &a_ns)
-        .create(&PostParams::default(), &second)
-        .await
-        .unwrap();
-    let over = wait_for("alpha over its cluster quota", WAIT, || async {
+    // Usage follows the clusters.
+    let used = wait_for("alpha's usage counts its cluster", WAIT, || async {
         let p = projects(&admin).get(&alpha).await.map_err(|e| e.to_string())?;
         let s = p.status.clone().unwrap_or_default();
-        if s.usage.clusters == 2 {
-            Ok(p)
+        if s.usage.clusters == 1 {
+            Ok(s.usage)
         } else {
             Err(format!("{:?}", s.usage))
         }
     })
     .await;
-    let usage = &over.status.as_ref().unwrap().usage;
-    assert_eq!(usage.control_plane_hosts, 6, "{usage:?}");
-    let q = condition(&over, "QuotaExceeded");
-    assert_eq!(q.status, "True");
-    assert!(q.message.contains("quotas.clusters (2/1)"), "{}", q.message);
+    assert_eq!((used.control_plane_hosts, used.worker_hosts), (3, 3), "{used:?}");
+    // Admission keeps the project within its quotas, naming the quota.
+    let mut second = sample(&a_ns);
+    second.metadata.name = Some("demo-2".into());
+    // The policy reads the Project from the API server's own cache: wait (with dry runs, which
+    // store nothing) until that has the usage too.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_for("the quota policy to see alpha's usage", WAIT, || async {
+        match clusters(&bob, &a_ns).create(&dry, &second).await {
+            Err(kube::Error::Api(s)) if s.message.contains("rule: project-quota-clusters") => Ok(()),
+            other => Err(format!("{:?}", other.map(|_| "allowed"))),
+        }
+    })
+    .await;
+    let m = message(
+        clusters(&bob, &a_ns)
+            .create(&PostParams::default(), &second)
+            .await,
+    );
+    assert!(
+        m.contains("quotas.clusters") && m.contains("rule: project-quota-clusters"),
+        "{m}"
+    );
+    let grow = Patch::Merge(json!({"spec": {"controlPlane": {"replicas": 5}}}));
+    let m = message(
+        clusters(&bob, &a_ns)
+            .patch("demo", &PatchParams::default(), &grow)
+            .await,
+    );
+    assert!(
+        m.contains("quotas.controlPlaneHosts") && m.contains("rule: project-quota-control-plane-hosts"),
+        "{m}"
+    );
+    // A namespace of no project is not limited.
+    let free_ns = env.create_namespace("no-project").await;
+    clusters(&admin, &free_ns)
+        .create(&PostParams::default(), &sample(&free_ns))
+        .await
+        .unwrap();
+    // Quotas lowered below usage: reported, and a change asking for nothing more still passes.
+    apply_project(&admin, json!({
+        "apiVersion": "bootsman.io/v1alpha1", "kind": "Project",
+        "metadata": {"name": alpha},
+        "spec": {
+            "namespaces": [a_ns], "hostPools": [a_pool],
+            "members": [
+                {"kind": "User", "name": user("alice"), "role": "owner"},
+                {"kind": "User", "name": user("bob"), "role": "member"},
+                {"kind": "User", "name": user("carol"), "role": "viewer"},
+                {"kind": "User", "name": user("erin"), "role": "viewer"},
+            ],
+            "quotas": {"clusters": 0, "controlPlaneHosts": 3, "resourceQuota": {"hard": {"configmaps": "50"}}},
+        },
+    }))
+    .await;
+    let over = wait_for("alpha over its lowered cluster quota", WAIT, || async {
+        let p = projects(&admin).get(&alpha).await.map_err(|e| e.to_string())?;
+        match p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "QuotaExceeded"))
+        {
+            Some(c) if c.status == "True" => Ok(c.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(over.message.contains("quotas.clusters (1/0)"), "{}", over.message);
+    clusters(&bob, &a_ns)
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {"note": "still"}}})),
+        )
+        .await
+        .unwrap();
 
     // A member removed loses the project at once.
     projects(&admin)
