@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use crate::{bootstrap, diagnose, hosts, install, rehome, site, status, token};
+use crate::{bootstrap, diagnose, hosts, install, projects, rehome, site, status, token};
 
 /// Command-line tool of Bootsman.
 #[derive(Debug, Parser)]
@@ -77,6 +77,9 @@ pub enum Command {
         #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// The Projects sharing this cluster, and one project's use of its quotas.
+    #[command(subcommand)]
+    Projects(ProjectsCommand),
     /// Write a support bundle (.tar.gz) of a BootsmanCluster (every cluster of the namespace
     /// when CLUSTER is not given): a summary of what is wrong, the status tree, its objects, its
     /// hosts' state and Events, and the controllers' logs. Secret values are never read; tokens,
@@ -97,6 +100,27 @@ pub enum Command {
         /// Lines of each container's log.
         #[arg(long, default_value_t = 500)]
         log_lines: i64,
+    },
+}
+
+/// `bootsmanctl projects …`.
+#[derive(Debug, Subcommand)]
+pub enum ProjectsCommand {
+    /// Every Project: display name, namespaces, host pools, members, clusters against the
+    /// cluster quota, Ready. Needs `list` on Projects (platform admins).
+    List {
+        /// `table` for people, `json` for scripts.
+        #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// One project's quotas (used, limit, left) and the clusters that use them, read from the
+    /// clusters as they are now. Its members may run it.
+    Usage {
+        /// The Project.
+        project: String,
+        /// `table` for people, `json` for scripts.
+        #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
 }
 
@@ -467,6 +491,26 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
                             out.write_all(b"\n")?;
                         }
                         out.write_all(status::render(t, now, all_conditions).as_bytes())?;
+                    }
+                }
+            }
+        }
+        Command::Projects(command) => {
+            let client = kube::Client::try_from(load_config(cli.kubeconfig.as_ref()).await?)?;
+            match command {
+                ProjectsCommand::List { output } => {
+                    let rows = projects::list(&client).await?;
+                    match output {
+                        Output::Json => write_json(out, &rows)?,
+                        Output::Table if rows.is_empty() => eprintln!("no Project"),
+                        Output::Table => out.write_all(projects::render_list(&rows).as_bytes())?,
+                    }
+                }
+                ProjectsCommand::Usage { project, output } => {
+                    let usage = projects::usage_of(&client, &project).await?;
+                    match output {
+                        Output::Json => write_json(out, &usage)?,
+                        Output::Table => out.write_all(projects::render_usage(&usage).as_bytes())?,
                     }
                 }
             }
