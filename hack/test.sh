@@ -60,7 +60,7 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 done_step
 
-step "host agent packages (hack/package: release build, .deb and .rpm under target/package)"
+step "host agent packages (hack/package: the agent build profile, .deb and .rpm under target/package)"
 hack/package
 done_step
 

@@ -1,9 +1,11 @@
 //! Measures the agent as an operator sizes it: time from process start to `Registered=True`
-//! against a real control plane, idle resident memory once registered, and the size of the
-//! stripped release binary. Prints the numbers and writes `target/bench/agent.json`.
+//! against a real control plane, idle resident memory once registered (and how much of it is
+//! heap and stacks, how much the binary's and libraries' pages), and the size of the
+//! stripped binary the packages ship (the `agent` profile). Prints the numbers and writes
+//! `target/bench/agent.json`.
 //!
 //! ```text
-//! cargo build --release -p byoh-agent
+//! cargo build --profile agent -p byoh-agent     # the build the packages ship
 //! cargo run --release -p byoh-agent --example bench-agent
 //! ```
 
@@ -15,14 +17,15 @@ use std::time::{Duration, Instant};
 use bootsman_api::condition::types;
 use bootsman_fixtures::agent::{Pool, wait_condition};
 
-fn vm_rss_kib(pid: u32) -> u64 {
+/// A `kB` field of `/proc/PID/status` (`VmRSS`, `RssAnon`, `RssFile`).
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .expect("VmRSS in /proc/PID/status")
+        .unwrap_or_else(|| panic!("{field} in /proc/PID/status"))
 }
 
 #[tokio::main]
@@ -31,10 +34,11 @@ async fn main() {
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| workspace.join("target"));
-    let bin = target.join("release/byoh-agent");
+    // The binary the .deb and .rpm carry (hack/package builds it with the same profile).
+    let bin = target.join("agent/byoh-agent");
     assert!(
         bin.exists(),
-        "{} is missing: run `cargo build --release -p byoh-agent` first",
+        "{} is missing: run `cargo build --profile agent -p byoh-agent` first",
         bin.display()
     );
 
@@ -53,6 +57,8 @@ async fn main() {
     let runs = 5;
     let mut to_registered = Vec::new();
     let mut rss = Vec::new();
+    // Of the RSS: heap and stacks, and pages of the binary and libraries read in.
+    let (mut anon, mut file) = (Vec::new(), Vec::new());
     for i in 0..runs {
         let mut host = pool.host(&format!("bench-{i}"));
         let t = Instant::now();
@@ -62,16 +68,23 @@ async fn main() {
         to_registered.push(t.elapsed().as_secs_f64() * 1000.0);
         // Idle: a few heartbeats after registration.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        rss.push(vm_rss_kib(host.pid()));
+        let pid = host.pid();
+        rss.push(status_kib(pid, "VmRSS"));
+        anon.push(status_kib(pid, "RssAnon"));
+        file.push(status_kib(pid, "RssFile"));
         host.terminate();
     }
     to_registered.sort_by(f64::total_cmp);
     rss.sort();
+    anon.sort();
+    file.sort();
     let report = serde_json::json!({
         "runs": runs,
         "start_to_registered_ms": {"min": to_registered[0], "median": to_registered[runs / 2], "max": to_registered[runs - 1]},
         "idle_rss_kib": {"min": rss[0], "median": rss[runs / 2], "max": rss[runs - 1]},
-        "binary_bytes": {"release": unstripped_bytes, "stripped": stripped_bytes},
+        "idle_rss_anon_kib_median": anon[runs / 2],
+        "idle_rss_file_kib_median": file[runs / 2],
+        "binary_bytes": {"built": unstripped_bytes, "stripped": stripped_bytes},
     });
     let out = target.join("bench/agent.json");
     std::fs::write(&out, serde_json::to_string_pretty(&report).unwrap()).unwrap();
