@@ -293,7 +293,23 @@ async fn members_get_their_role_in_their_project_and_nothing_in_another() {
     let erin = env.client_for(&user("erin"), &[]).await;
     until_allowed!("erin, added by the owner, lists the clusters", clusters(&erin, &a_ns) => list(&ListParams::default()));
 
-    // An owner cannot widen the project: namespaces, pools and quotas are the admins'.
+    // An owner cannot widen the project: namespaces, pools and quotas are the admins'. (The
+    // policy applies once the API server has loaded it: wait, with dry runs, for that.)
+    let probe = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_for("the admin-fields policy to be in force", WAIT, || async {
+        let widen = json!({"spec": {"hostPools": [a_pool, b_pool]}});
+        match projects(&alice)
+            .patch(&alpha, &probe, &Patch::Merge(&widen))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains("rule: project-admin-fields") => Ok(()),
+            other => Err(format!("{:?}", other.map(|_| "allowed"))),
+        }
+    })
+    .await;
     for (field, patch) in [
         (
             "spec.namespaces",
