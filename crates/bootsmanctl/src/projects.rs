@@ -139,20 +139,16 @@ pub struct ClusterUse {
 
 /// The usage of `p` made of `clusters` (those of its namespaces).
 pub fn usage(p: &Project, clusters: &[BootsmanCluster]) -> Usage {
-    let mut total = ProjectUsage::default();
-    let mut rows = Vec::new();
-    for c in clusters {
-        let workers = c.spec.workers.iter().map(|w| w.replicas).sum::<i32>();
-        total.clusters += 1;
-        total.control_plane_hosts += c.spec.control_plane.replicas;
-        total.worker_hosts += workers;
-        rows.push(ClusterUse {
+    let total = ProjectUsage::of(clusters);
+    let rows = clusters
+        .iter()
+        .map(|c| ClusterUse {
             namespace: c.namespace().unwrap_or_default(),
             name: c.name_any(),
             control_plane_hosts: c.spec.control_plane.replicas,
-            worker_hosts: workers,
-        });
-    }
+            worker_hosts: c.spec.worker_replicas(),
+        })
+        .collect();
     let q = p.spec.quotas.clone().unwrap_or_default();
     Usage {
         project: p.name_any(),

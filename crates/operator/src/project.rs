@@ -18,7 +18,7 @@
 //! adopt them. A binding, quota or namespace label the Project no longer asks for is removed. Status: `usage` (BootsmanClusters and the hosts their
 //! specs ask for), `namespaces` held, conditions `Ready` and `QuotaExceeded`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ use bootsman_api::v1alpha1::{
 use bootsman_runtime::conditions::{self, Status};
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -196,17 +196,6 @@ pub fn desired(p: &Project, held: &[String]) -> Vec<(Option<String>, &'static st
     out
 }
 
-/// What a project's clusters ask for.
-pub fn usage(clusters: &[BootsmanCluster]) -> ProjectUsage {
-    let mut u = ProjectUsage::default();
-    for c in clusters {
-        u.clusters += 1;
-        u.control_plane_hosts += c.spec.control_plane.replicas;
-        u.worker_hosts += c.spec.workers.iter().map(|w| w.replicas).sum::<i32>();
-    }
-    u
-}
-
 /// The quotas `usage` is above, as `name (used/limit)`.
 pub fn exceeded(p: &Project, usage: &ProjectUsage) -> Vec<String> {
     let Some(q) = &p.spec.quotas else {
@@ -282,36 +271,26 @@ pub async fn reconcile(p: Arc<Project>, client: Arc<kube::Client>) -> Result<Act
     for (ns, kind, body) in &desired {
         let obj_name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
         wanted.insert((ns.clone(), kind.to_string(), obj_name.clone()));
-        let pp = PatchParams::apply(MANAGER).force();
-        let what = || format!("applying {kind} {}/{obj_name}", ns.as_deref().unwrap_or(""));
-        let patch = Patch::Apply(body);
-        match (*kind, ns) {
-            ("RoleBinding", Some(ns)) => {
-                Api::<RoleBinding>::namespaced(client.clone(), ns)
-                    .patch(&obj_name, &pp, &patch)
-                    .await
-                    .map_err(kerr(what()))?;
-            }
-            ("ResourceQuota", Some(ns)) => {
-                Api::<ResourceQuota>::namespaced(client.clone(), ns)
-                    .patch(&obj_name, &pp, &patch)
-                    .await
-                    .map_err(kerr(what()))?;
-            }
-            ("ClusterRole", None) => {
-                Api::<ClusterRole>::all(client.clone())
-                    .patch(&obj_name, &pp, &patch)
-                    .await
-                    .map_err(kerr(what()))?;
-            }
-            ("ClusterRoleBinding", None) => {
-                Api::<ClusterRoleBinding>::all(client.clone())
-                    .patch(&obj_name, &pp, &patch)
-                    .await
-                    .map_err(kerr(what()))?;
-            }
-            _ => {}
-        }
+        let ar = match *kind {
+            "RoleBinding" => ApiResource::erase::<RoleBinding>(&()),
+            "ResourceQuota" => ApiResource::erase::<ResourceQuota>(&()),
+            "ClusterRole" => ApiResource::erase::<ClusterRole>(&()),
+            _ => ApiResource::erase::<ClusterRoleBinding>(&()),
+        };
+        let api: Api<DynamicObject> = match ns {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(
+            &obj_name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .map_err(kerr(format!(
+            "applying {kind} {}/{obj_name}",
+            ns.as_deref().unwrap_or("")
+        )))?;
     }
     remove_unwanted(&client, &name, &wanted).await?;
 
@@ -323,7 +302,7 @@ pub async fn reconcile(p: Arc<Project>, client: Arc<kube::Client>) -> Result<Act
             .map_err(kerr(format!("listing BootsmanClusters in {ns}")))?;
         clusters.extend(list.items);
     }
-    let usage = usage(&clusters);
+    let usage = ProjectUsage::of(&clusters);
     let over = exceeded(&p, &usage);
 
     let mut status = p.status.clone().unwrap_or_default();
@@ -425,8 +404,8 @@ where
         if wanted.contains(&(ns.clone(), kind.clone(), n.clone())) {
             continue;
         }
-        let ar = kube::api::ApiResource::erase::<K>(&());
-        let api: Api<kube::api::DynamicObject> = match &ns {
+        let ar = ApiResource::erase::<K>(&());
+        let api: Api<DynamicObject> = match &ns {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
             None => Api::all_with(client.clone(), &ar),
         };
@@ -493,19 +472,6 @@ pub async fn run(
         .run(reconcile, error_policy, Arc::new(client))
         .for_each(|_| async {})
         .await;
-}
-
-/// The members of `p` by role, for display (`bootsmanctl projects`).
-pub fn members_by_role(p: &Project) -> BTreeMap<ProjectRole, Vec<String>> {
-    let mut out: BTreeMap<ProjectRole, Vec<String>> = BTreeMap::new();
-    for m in &p.spec.members {
-        let who = match (&m.kind, &m.namespace) {
-            (MemberKind::ServiceAccount, Some(ns)) => format!("ServiceAccount {ns}/{}", m.name),
-            (kind, _) => format!("{kind:?} {}", m.name),
-        };
-        out.entry(m.role).or_default().push(who);
-    }
-    out
 }
 
 #[cfg(test)]

@@ -150,6 +150,13 @@ pub struct BootsmanClusterSpec {
     pub nodes: Nodes,
 }
 
+impl BootsmanClusterSpec {
+    /// Worker hosts the cluster asks for: the replicas of every pool.
+    pub fn worker_replicas(&self) -> i32 {
+        self.workers.iter().map(|w| w.replicas).sum()
+    }
+}
+
 /// CEL: `host[:port][/path...]` in lower case, no scheme, no trailing slash.
 const IMAGE_REPOSITORY_FORMAT: &str =
     r"self.matches('^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$')";

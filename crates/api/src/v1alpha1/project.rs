@@ -215,3 +215,16 @@ pub struct ProjectUsage {
     /// Worker hosts they ask for.
     pub worker_hosts: i32,
 }
+
+impl ProjectUsage {
+    /// What `clusters` ask for together.
+    pub fn of<'a>(clusters: impl IntoIterator<Item = &'a super::BootsmanCluster>) -> Self {
+        let mut u = Self::default();
+        for c in clusters {
+            u.clusters += 1;
+            u.control_plane_hosts += c.spec.control_plane.replicas;
+            u.worker_hosts += c.spec.worker_replicas();
+        }
+        u
+    }
+}
