@@ -134,25 +134,28 @@ fn helm_lint_and_template_pass_with_the_defaults() {
         .collect();
     assert_eq!(
         policies.len(),
-        4,
+        5,
         "the host policies and the project policies ship with the chart: {policies:?}"
     );
-    for name in ["bootsman-project-admin-fields", "bootsman-project-quotas"] {
+    for name in [
+        "bootsman-project-admin-fields",
+        "bootsman-project-quotas",
+        "bootsman-project-pools",
+    ] {
         assert!(policies.contains(&name), "{name}: {policies:?}");
     }
-    let operator_args = docs
-        .iter()
-        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "bootsman-operator")
-        .map(|d| d["spec"]["template"]["spec"]["containers"][0]["args"].clone())
-        .unwrap();
-    assert!(
-        operator_args
-            .as_array()
-            .unwrap()
+    // The operator keeps the Projects, and the provider restricts their clusters to their pools.
+    for deployment in ["bootsman-operator", "bootsman-provider"] {
+        let args = docs
             .iter()
-            .any(|a| a == "--projects=true"),
-        "{operator_args}"
-    );
+            .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == deployment)
+            .map(|d| d["spec"]["template"]["spec"]["containers"][0]["args"].clone())
+            .unwrap();
+        assert!(
+            args.as_array().unwrap().iter().any(|a| a == "--projects=true"),
+            "{deployment}: {args}"
+        );
+    }
     for d in docs.iter().filter(|d| d["kind"] == "Deployment") {
         let name = d["metadata"]["name"].as_str().unwrap();
         let pod = &d["spec"]["template"]["spec"];

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use bootsman_api::capi::{Cluster, KubeadmControlPlane, Machine, MachineDeployment};
 use bootsman_api::labels;
+use bootsman_api::pools::{self, SharedPool};
+use bootsman_api::v1alpha1::Project;
 use bootsman_api::v1beta1::{ByoHost, ByoMachine};
 use futures::{Stream, StreamExt};
 use kube::runtime::reflector::{ObjectRef, Store, store};
@@ -41,6 +43,8 @@ pub struct Stores {
     pub(crate) machines: Store<Machine>,
     pub(crate) byomachines: Store<ByoMachine>,
     pub(crate) hosts: Vec<Store<ByoHost>>,
+    /// Projects, when the operator honours them: they decide the pools of their namespaces.
+    pub(crate) projects: Option<Store<Project>>,
     /// How many of the watch streams have finished their first list.
     listed: Arc<AtomicUsize>,
     /// How many watch streams fill these stores.
@@ -61,6 +65,18 @@ impl Stores {
     /// The ByoMachines of cluster `name` in `ns` (by the CAPI cluster-name label).
     pub fn byomachines_of(&self, ns: &str, name: &str) -> Vec<Arc<ByoMachine>> {
         of_cluster(&self.byomachines, ns, name)
+    }
+
+    /// Namespaces whose hosts the machines of namespace `ns` may use, as the provider decides
+    /// it ([`pools::pools_in`] with Projects, else [`pools::pools_for`]).
+    pub fn pools_for(&self, shared: &[SharedPool], ns: &str) -> Vec<String> {
+        match &self.projects {
+            Some(projects) => {
+                let all = projects.state();
+                pools::pools_in(shared, all.iter().map(AsRef::as_ref), ns)
+            }
+            None => pools::pools_for(shared, ns),
+        }
     }
 
     /// The ByoHosts of namespace `ns`.
@@ -153,6 +169,7 @@ impl StoreBuilder {
         machines: Store<Machine>,
         byomachines: Store<ByoMachine>,
         hosts: Vec<Store<ByoHost>>,
+        projects: Option<Store<Project>>,
     ) -> Stores {
         Stores {
             clusters,
@@ -161,6 +178,7 @@ impl StoreBuilder {
             machines,
             byomachines,
             hosts,
+            projects,
             listed: self.listed,
             streams: self.streams,
         }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use bootsman_api::capi::{Cluster, KubeadmControlPlane, Machine, MachineDeployment};
 use bootsman_api::labels;
 use bootsman_api::pools::{self, SharedPool};
-use bootsman_api::v1alpha1::{BootsmanCluster, BootsmanClusterStatus, ClusterPhase, Cni};
+use bootsman_api::v1alpha1::{BootsmanCluster, BootsmanClusterStatus, ClusterPhase, Cni, Project};
 use bootsman_api::v1beta1::{ByoHost, ByoMachine};
 use bootsman_runtime::conditions::{self, Status};
 use k8s_openapi::api::core::v1::Secret;
@@ -87,6 +87,9 @@ pub struct Context {
     /// Host pools in other namespaces the provider lets machines use (its `--pool` flags), counted
     /// for `HostsAvailable` besides the cluster's own namespace.
     pub shared_pools: Vec<SharedPool>,
+    /// Count hosts as the provider's `--projects` lets a Project's clusters use them: only the
+    /// Project's host pools (cluster-wide runs only).
+    pub projects: bool,
     /// Per BootsmanCluster uid, what its reconciles found ([`Memo`]).
     memos: Mutex<HashMap<String, Memo>>,
     /// The controller's caches, set by [`run`].
@@ -113,6 +116,7 @@ impl Context {
             metrics,
             recorder,
             shared_pools: Vec::new(),
+            projects: false,
             memos: Default::default(),
             stores: OnceLock::new(),
         }
@@ -154,6 +158,12 @@ impl Context {
     /// The same, counting the hosts of these shared pools too.
     pub fn with_shared_pools(mut self, pools: Vec<SharedPool>) -> Self {
         self.shared_pools = pools;
+        self
+    }
+
+    /// The same, honouring Projects' host pools (see [`Self::projects`]).
+    pub fn with_projects(mut self, projects: bool) -> Self {
+        self.projects = projects;
         self
     }
 }
@@ -601,7 +611,7 @@ async fn observe(
         }
     }
     let mut hosts = Vec::new();
-    for pool_ns in pools::pools_for(&ctx.shared_pools, &ns) {
+    for pool_ns in stores.pools_for(&ctx.shared_pools, &ns) {
         hosts.extend(stores.hosts_in(&pool_ns));
     }
     // The kubeconfig and the add-ons come after the control plane's initialization (the
@@ -852,6 +862,12 @@ pub async fn run(
         host_stores.push(store);
         host_streams.push(stream);
     }
+    let (project_store, project_stream) = if ctx.projects && namespace.is_none() {
+        let (store, stream) = builder.watch(Api::<Project>::all(client.clone()), all());
+        (Some(store), Some(stream))
+    } else {
+        (None, None)
+    };
     let stores = builder.finish(
         capi_store,
         kcp_store,
@@ -859,6 +875,7 @@ pub async fn run(
         machine_store,
         byomachine_store,
         host_stores,
+        project_store.clone(),
     );
     if ctx.stores.set(stores).is_err() {
         tracing::warn!("the controller runs a second time on one context; it reads the first run's caches");
@@ -876,13 +893,36 @@ pub async fn run(
     for hosts in host_streams {
         let store = controller.store();
         let shared = ctx.shared_pools.clone();
+        let projects = project_store.clone();
         controller = controller.watches_stream(hosts, move |h: ByoHost| {
             // A host wakes the clusters of its namespace and of every namespace its pool serves.
             let ns = h.namespace().unwrap_or_default();
+            let all = projects.as_ref().map(|p| p.state()).unwrap_or_default();
             store
                 .state()
                 .into_iter()
-                .filter(|b| pools::pools_for(&shared, &b.namespace().unwrap_or_default()).contains(&ns))
+                .filter(|b| {
+                    let own = b.namespace().unwrap_or_default();
+                    let pools = match &projects {
+                        Some(_) => pools::pools_in(&shared, all.iter().map(AsRef::as_ref), &own),
+                        None => pools::pools_for(&shared, &own),
+                    };
+                    pools.contains(&ns)
+                })
+                .map(|b| kube::runtime::reflector::ObjectRef::from_obj(&*b))
+                .collect::<Vec<_>>()
+        });
+    }
+    if let Some(projects) = project_stream {
+        // A Project's change (its pools, its namespaces) wakes the clusters of its namespaces.
+        let store = controller.store();
+        controller = controller.watches_stream(projects, move |p: Project| {
+            let mut namespaces = p.spec.namespaces.clone();
+            namespaces.extend(p.status.iter().flat_map(|s| s.namespaces.iter().cloned()));
+            store
+                .state()
+                .into_iter()
+                .filter(|b| b.namespace().is_some_and(|n| namespaces.contains(&n)))
                 .map(|b| kube::runtime::reflector::ObjectRef::from_obj(&*b))
                 .collect::<Vec<_>>()
         });

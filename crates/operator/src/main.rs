@@ -63,9 +63,13 @@ async fn main() -> anyhow::Result<()> {
     let client = client().await?;
     let metrics = Arc::new(Metrics::new()?);
     let process = args.process.process("bootsman-operator");
-    let ctx = Arc::new(Context::new(client.clone(), settings, metrics.clone()).with_shared_pools(args.pools));
     let namespace = args.namespace;
     let projects = args.projects && namespace.is_none();
+    let ctx = Arc::new(
+        Context::new(client.clone(), settings, metrics.clone())
+            .with_shared_pools(args.pools)
+            .with_projects(projects),
+    );
     let project_client = client.clone();
     lifecycle::run(client, process, metrics, |shutdown, ready| async move {
         if projects {

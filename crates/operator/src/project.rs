@@ -103,7 +103,7 @@ pub fn hosts_binding_name(name: &str) -> String {
 
 /// Every object the project should have, as server-side apply bodies: (namespace or `None`,
 /// kind, body). `held`: the namespaces the project holds.
-pub fn desired(p: &Project, held: &[String]) -> Vec<(Option<String>, &'static str, Value)> {
+pub fn desired(p: &Project, held: &[String], pools: &[String]) -> Vec<(Option<String>, &'static str, Value)> {
     let name = p.name_any();
     let project_labels = json!({labels::PROJECT: name, "app.kubernetes.io/part-of": "bootsman"});
     let mut out = Vec::new();
@@ -143,7 +143,7 @@ pub fn desired(p: &Project, held: &[String]) -> Vec<(Option<String>, &'static st
     }
     let everyone = subjects(&p.spec.members, None);
     if !everyone.is_empty() {
-        for pool in &p.spec.host_pools {
+        for pool in pools {
             out.push((
                 Some(pool.clone()),
                 "RoleBinding",
@@ -266,7 +266,24 @@ pub async fn reconcile(p: Arc<Project>, client: Arc<kube::Client>) -> Result<Act
     let keep: BTreeSet<String> = held.iter().cloned().collect();
     release_namespaces(&client, &name, &keep).await?;
 
-    let desired = desired(&p, &held);
+    // A pool whose namespace does not exist yet (no host enrolled there) gets its members'
+    // binding once it does; until then the project reports it.
+    let mut pools = Vec::new();
+    let mut missing_pools = Vec::new();
+    for pool in &p.spec.host_pools {
+        let found = namespaces
+            .get_metadata_opt(pool)
+            .await
+            .map_err(kerr(format!("reading namespace {pool}")))?
+            .is_some();
+        if found {
+            pools.push(pool.clone());
+        } else {
+            missing_pools.push(pool.clone());
+        }
+    }
+
+    let desired = desired(&p, &held, &pools);
     let mut wanted = BTreeSet::new();
     for (ns, kind, body) in &desired {
         let obj_name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
@@ -308,14 +325,23 @@ pub async fn reconcile(p: Arc<Project>, client: Arc<kube::Client>) -> Result<Act
     let mut status = p.status.clone().unwrap_or_default();
     let generation = p.metadata.generation;
     let now = conditions::now();
-    let (ready, reason, message) = if taken.is_empty() {
-        (Status::True, "Ready", String::new())
-    } else {
+    let (ready, reason, message) = if !taken.is_empty() {
         (
             Status::False,
             "NamespaceTaken",
             format!("namespaces of another project, not bound: {}", taken.join(", ")),
         )
+    } else if !missing_pools.is_empty() {
+        (
+            Status::False,
+            "HostPoolMissing",
+            format!(
+                "host pools without a namespace yet (no host can serve from them): {}",
+                missing_pools.join(", ")
+            ),
+        )
+    } else {
+        (Status::True, "Ready", String::new())
     };
     conditions::set(
         &mut status.conditions,
@@ -514,7 +540,7 @@ mod tests {
             ],
             None,
         );
-        let d = desired(&p, &["alpha".to_string()]);
+        let d = desired(&p, &["alpha".to_string()], &p.spec.host_pools);
         let names: Vec<(Option<String>, &str, String)> = d
             .iter()
             .map(|(ns, k, b)| {
@@ -545,7 +571,7 @@ mod tests {
         assert_eq!(owner_role.2["rules"][0]["resourceNames"], json!(["alpha"]));
         // No namespace held (taken by another project): nothing bound there.
         assert!(
-            desired(&p, &[])
+            desired(&p, &[], &p.spec.host_pools)
                 .iter()
                 .all(|(ns, _, _)| ns.as_deref() != Some("alpha"))
         );

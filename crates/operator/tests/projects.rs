@@ -88,8 +88,9 @@ fn condition<'a>(
         .unwrap_or_else(|| panic!("no {type_} condition"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn members_get_their_role_in_their_project_and_nothing_in_another() {
+/// The shared control plane with `config/projects` applied, an admin client, and the project
+/// controller running.
+async fn with_projects() -> (&'static TestEnv, kube::Client, Running) {
     let env = TestEnv::shared().await;
     env.apply_kustomization(&repo_root().join("config/projects"))
         .expect("config/projects applies");
@@ -98,6 +99,12 @@ async fn members_get_their_role_in_their_project_and_nothing_in_another() {
         bootsman_operator::project::run(client, stop).await;
     })
     .await;
+    (env, admin, controller)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_get_their_role_in_their_project_and_nothing_in_another() {
+    let (env, admin, controller) = with_projects().await;
 
     // Unique names: the shared control plane serves other tests too.
     let tag = env.create_namespace("proj").await;
@@ -504,5 +511,120 @@ async fn members_get_their_role_in_their_project_and_nothing_in_another() {
         }
     })
     .await;
+    controller.stop().await;
+}
+
+/// A BootsmanCluster whose host selectors name `pools` (control plane by `matchLabels`, workers
+/// by an `In` expression).
+fn naming_pools(ns: &str, name: &str, control_plane: &str, workers: &[&str]) -> BootsmanCluster {
+    let mut c = sample(ns);
+    c.metadata.name = Some(name.into());
+    c.spec.control_plane.host_selector =
+        Some(serde_json::from_value(json!({"matchLabels": {"bootsman.io/pool": control_plane}})).unwrap());
+    c.spec.workers[0].host_selector = Some(
+        serde_json::from_value(json!({"matchExpressions": [
+            {"key": "bootsman.io/pool", "operator": "In", "values": workers},
+            {"key": "role", "operator": "NotIn", "values": ["spare"]},
+        ]}))
+        .unwrap(),
+    );
+    c
+}
+
+/// Admission keeps a project's clusters on its own host pools: a host selector naming another
+/// pool (by `bootsman.io/pool`) is refused, naming the pool and the rule, for the project's own
+/// member; the project's pools and namespace are allowed; a namespace of no project is not
+/// limited; and a write naming no new pool passes even after the project lost that pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_cluster_may_name_only_the_projects_pools() {
+    let (env, admin, controller) = with_projects().await;
+    let tag = env.create_namespace("pools").await;
+    let ns = format!("{tag}-team");
+    let (own_pool, foreign_pool) = (format!("{tag}-rack-a"), format!("{tag}-rack-b"));
+    let project = format!("{tag}-p");
+    let member = format!("{tag}-bob");
+    let body = |pools: Vec<String>| {
+        json!({
+            "apiVersion": "bootsman.io/v1alpha1", "kind": "Project",
+            "metadata": {"name": project},
+            "spec": {
+                "namespaces": [ns], "hostPools": pools,
+                "members": [{"kind": "User", "name": member, "role": "member"}],
+            },
+        })
+    };
+    apply_project(&admin, body(vec![own_pool.clone()])).await;
+    ready(&admin, &project).await;
+    let bob = env.client_for(&member, &[]).await;
+    let clusters = |c: &kube::Client| Api::<BootsmanCluster>::namespaced(c.clone(), &ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+
+    // The foreign pool, by matchLabels on the control plane: refused, naming it.
+    let bad = naming_pools(&ns, "cp-foreign", &foreign_pool, &[&own_pool]);
+    let m = wait_for("the pool policy to refuse a foreign pool", WAIT, || async {
+        match clusters(&bob).create(&dry, &bad).await {
+            Err(kube::Error::Api(s)) if s.message.contains("rule: project-host-pools") => Ok(s.message),
+            other => Err(format!("{:?}", other.map(|_| "allowed"))),
+        }
+    })
+    .await;
+    assert!(
+        m.contains(&format!("may not use host pool(s) {foreign_pool} ")) && m.contains(&project),
+        "{m}"
+    );
+    // ... and by an In expression of a worker pool, among allowed ones.
+    let bad = naming_pools(&ns, "w-foreign", &own_pool, &[&own_pool, &foreign_pool]);
+    let m = message(clusters(&bob).create(&PostParams::default(), &bad).await);
+    assert!(
+        m.contains(&format!("may not use host pool(s) {foreign_pool} "))
+            && !m.contains(&format!("pool(s) {own_pool}")),
+        "{m}"
+    );
+    // The project's pool and its own namespace are allowed.
+    let good = naming_pools(&ns, "good", &own_pool, &[&own_pool, &ns]);
+    clusters(&bob)
+        .create(&PostParams::default(), &good)
+        .await
+        .unwrap();
+    // A namespace of no project is not limited by any project.
+    let free_ns = env.create_namespace("pools-free").await;
+    Api::<BootsmanCluster>::namespaced(admin.clone(), &free_ns)
+        .create(
+            &PostParams::default(),
+            &naming_pools(&free_ns, "any", &foreign_pool, &[&foreign_pool]),
+        )
+        .await
+        .unwrap();
+
+    // The pool withdrawn: the existing cluster's writes that name no new pool still pass...
+    apply_project(&admin, body(vec![])).await;
+    wait_for("the pool policy to see the pool withdrawn", WAIT, || async {
+        let probe = naming_pools(&ns, "probe", &own_pool, &[&ns]);
+        match clusters(&admin).create(&dry, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains("rule: project-host-pools") => Ok(()),
+            other => Err(format!("{:?}", other.map(|_| "allowed"))),
+        }
+    })
+    .await;
+    let label = Patch::Merge(json!({"metadata": {"labels": {"note": "kept"}}}));
+    clusters(&bob)
+        .patch("good", &PatchParams::default(), &label)
+        .await
+        .unwrap();
+    // ... but naming it anew is refused, even for an admin.
+    let widen = Patch::Merge(json!({"spec": {"workers": [{"name": "default", "replicas": 3,
+        "hostSelector": {"matchLabels": {"bootsman.io/pool": foreign_pool}}}]}}));
+    let m = message(
+        clusters(&admin)
+            .patch("good", &PatchParams::default(), &widen)
+            .await,
+    );
+    assert!(
+        m.contains("rule: project-host-pools") && m.contains(&foreign_pool),
+        "{m}"
+    );
     controller.stop().await;
 }

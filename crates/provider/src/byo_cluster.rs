@@ -165,7 +165,7 @@ pub fn zone_of(host: &ByoHost) -> Option<&str> {
 
 /// The zones of the healthy hosts that machines in `ns` may use.
 fn failure_domains(ctx: &Context, ns: &str) -> Vec<FailureDomain> {
-    let pools = ctx.config.pools_for(ns);
+    let pools = ctx.pools_for(ns);
     let zones: BTreeSet<String> = ctx
         .hosts
         .state()

@@ -14,6 +14,11 @@ pub struct Config {
     pub watch_filter: Option<String>,
     /// Pools of hosts in other namespaces that machines may use besides their own namespace.
     pub shared_pools: Vec<SharedPool>,
+    /// Honour Projects (`bootsman.io/v1alpha1`): a machine in a namespace a Project holds draws
+    /// only from that namespace and the Project's `spec.hostPools`
+    /// ([`bootsman_api::pools::pools_in`]). Needs the Project CRD and the right to list and watch
+    /// Projects; ignored with [`Self::namespace`].
+    pub projects: bool,
     /// How long a released host may take to report `CleanupSucceeded` before it is quarantined.
     pub release_timeout: Duration,
     /// How long a claimed host whose machine is gone stays claimed before it is released (see
@@ -34,6 +39,7 @@ impl Default for Config {
             namespace: None,
             watch_filter: None,
             shared_pools: Vec::new(),
+            projects: false,
             release_timeout: Duration::from_secs(15 * 60),
             orphan_grace: Duration::from_secs(10 * 60),
             instance: "bootsman-provider".into(),

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use bootsman_api::capi::{Cluster, Machine};
 use bootsman_api::labels;
+use bootsman_api::v1alpha1::Project;
 use bootsman_api::v1beta1::{ByoHost, ByoMachine};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -32,6 +33,8 @@ pub struct Stores {
     pub machines: Store<Machine>,
     /// CAPI Clusters.
     pub clusters: Store<Cluster>,
+    /// Projects, when [`Config::projects`] is on.
+    pub projects: Option<Store<Project>>,
 }
 
 /// Shared state of the controllers.
@@ -50,6 +53,9 @@ pub struct Context {
     pub machines: Store<Machine>,
     /// Every CAPI Cluster the provider watches.
     pub clusters: Store<Cluster>,
+    /// Every Project, when [`Config::projects`] is on: they decide which pools the machines of
+    /// their namespaces draw from.
+    pub projects: Option<Store<Project>>,
     /// What this process remembers about its claims: the machines waiting for a host, its own
     /// writes of ByoMachines, the hosts it is claiming.
     pub claims: Book,
@@ -126,12 +132,30 @@ impl Context {
             byomachines: stores.byomachines,
             machines: stores.machines,
             clusters: stores.clusters,
+            projects: stores.projects,
             claims: Book::default(),
             recorder,
             metrics,
             cluster_secrets,
             _secrets_watches: secrets_watches,
         })
+    }
+
+    /// Namespaces whose hosts a machine in `namespace` may use: its own, then the shared pools
+    /// that allow it or, in a Project's namespace, the Project's host pools
+    /// ([`bootsman_api::pools::pools_in`]).
+    pub fn pools_for(&self, namespace: &str) -> Vec<String> {
+        match &self.projects {
+            Some(projects) => {
+                let all = projects.state();
+                bootsman_api::pools::pools_in(
+                    &self.config.shared_pools,
+                    all.iter().map(AsRef::as_ref),
+                    namespace,
+                )
+            }
+            None => self.config.pools_for(namespace),
+        }
     }
 
     /// A Secret in `namespace`: from the cache of cluster Secrets when it is there, else from the

@@ -34,6 +34,7 @@ use anyhow::Context as _;
 
 use bootsman_api::capi::{Cluster, Machine};
 use bootsman_api::labels;
+use bootsman_api::v1alpha1::Project;
 use bootsman_api::v1beta1::{ByoCluster, ByoHost, ByoMachine};
 use bootsman_runtime::lifecycle::Readiness;
 use futures::StreamExt;
@@ -171,6 +172,24 @@ pub async fn run_reporting(
     let (machines, [machine_events]) = shared(&mut reflectors, &client, ns.as_deref(), &watch)?;
     let (clusters, [cluster_events, cluster_events_bc]) =
         shared(&mut reflectors, &client, ns.as_deref(), &watch)?;
+    // Projects decide the pools of their namespaces' machines; without a namespace of its own
+    // the provider watches them (few and small).
+    let projects = (config.projects && ns.is_none()).then(|| {
+        let (store, writer) = reflector::store_shared::<Project>(SHARED_BUFFER);
+        let events = writer.subscribe();
+        let stream = watcher(Api::<Project>::all(client.clone()), watch.clone())
+            .default_backoff()
+            .modify(|p: &mut Project| p.metadata.managed_fields = None)
+            .reflect_shared(writer);
+        reflectors.spawn(async move {
+            stream.for_each(|_| async {}).await;
+        });
+        (store, events)
+    });
+    let (project_store, project_events) = match projects {
+        Some((store, events)) => (Some(store), events),
+        None => (None, None),
+    };
 
     let stores = context::Stores {
         hosts: hosts.clone(),
@@ -178,6 +197,7 @@ pub async fn run_reporting(
         byomachines: byomachines.clone(),
         machines: machines.clone(),
         clusters: clusters.clone(),
+        projects: project_store.clone(),
     };
     let listed = async {
         tokio::try_join!(
@@ -186,6 +206,12 @@ pub async fn run_reporting(
             byomachines.wait_until_ready(),
             machines.wait_until_ready(),
             clusters.wait_until_ready(),
+            async {
+                match &project_store {
+                    Some(p) => p.wait_until_ready().await,
+                    None => Ok(()),
+                }
+            },
         )
         .map(|_| ())
     };
@@ -214,6 +240,7 @@ pub async fn run_reporting(
     let c = ctx.clone();
     let claimable = std::sync::Mutex::new(HashMap::<ObjectRef<ByoHost>, bool>::new());
     let bm_for_clusters = byomachines.clone();
+    let bm_for_projects = byomachines.clone();
     let machine_ctl = Controller::for_shared_stream(bm_events, byomachines.clone())
         .with_config(machine_cfg)
         .watches_shared_stream(host_events, move |host: Arc<ByoHost>| {
@@ -248,7 +275,24 @@ pub async fn run_reporting(
                 })
                 .map(|bm| ObjectRef::from_obj(bm.as_ref()))
                 .collect::<Vec<_>>()
-        })
+        });
+    // A Project's change (its pools, the namespaces it holds) wakes the machines of its
+    // namespaces that have no host yet.
+    let machine_ctl = match project_events {
+        Some(events) => machine_ctl.watches_shared_stream(events, move |p: Arc<Project>| {
+            let mut namespaces = p.spec.namespaces.clone();
+            namespaces.extend(p.status.iter().flat_map(|s| s.namespaces.iter().cloned()));
+            bm_for_projects
+                .state()
+                .iter()
+                .filter(|bm| bm.spec.provider_id.is_none())
+                .filter(|bm| bm.namespace().is_some_and(|n| namespaces.contains(&n)))
+                .map(|bm| ObjectRef::from_obj(bm.as_ref()))
+                .collect::<Vec<_>>()
+        }),
+        None => machine_ctl,
+    };
+    let machine_ctl = machine_ctl
         .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(byo_machine::reconcile, byo_machine::error_policy, ctx.clone())
         .for_each(|_| async {});
@@ -274,10 +318,7 @@ pub async fn run_reporting(
             byoclusters
                 .state()
                 .iter()
-                .filter(|bc| {
-                    bc.namespace()
-                        .is_some_and(|ns| c.config.pools_for(&ns).contains(&pool))
-                })
+                .filter(|bc| bc.namespace().is_some_and(|ns| c.pools_for(&ns).contains(&pool)))
                 .map(|bc| ObjectRef::from_obj(bc.as_ref()))
                 .collect::<Vec<_>>()
         })

@@ -37,6 +37,11 @@ struct Args {
     /// interrupted `clusterctl move`) stays claimed before it is released and reset.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     orphan_grace: Duration,
+    /// Honour Projects (bootsman.io/v1alpha1): a machine in a namespace a Project holds draws
+    /// hosts only from that namespace and the Project's spec.hostPools, whatever --pool allows.
+    /// Needs the Project CRD and list/watch on projects; ignored with --namespace.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    projects: bool,
     #[command(flatten)]
     process: ProcessArgs,
     /// Approve the client-certificate requests of enrolling and renewing hosts (and deny forged
@@ -101,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
         namespace: args.namespace,
         watch_filter: args.watch_filter,
         shared_pools: args.pools,
+        projects: args.projects,
         release_timeout: args.release_timeout,
         orphan_grace: args.orphan_grace,
         secret_namespaces: args.secret_namespaces,

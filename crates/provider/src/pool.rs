@@ -7,6 +7,7 @@ use std::hash::{Hash, Hasher};
 
 use bootsman_api::condition::types;
 use bootsman_api::labels::ZONE;
+use bootsman_api::pools::POOL_LABEL;
 use bootsman_api::v1beta1::{ByoHost, HostPhase};
 use bootsman_runtime::conditions;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -80,6 +81,14 @@ pub fn phase(host: &ByoHost, lease_fresh: bool) -> HostPhase {
     }
 }
 
+/// The labels a host selector is matched against: the host's own, and [`POOL_LABEL`] set to
+/// its namespace (whatever the host's labels say under that key).
+fn labels_with_pool(host: &ByoHost) -> BTreeMap<String, String> {
+    let mut labels = host.metadata.labels.clone().unwrap_or_default();
+    labels.insert(POOL_LABEL.to_string(), host.namespace().unwrap_or_default());
+    labels
+}
+
 /// What selection found for a machine.
 #[derive(Debug, PartialEq)]
 pub enum Choice<'a> {
@@ -120,12 +129,11 @@ pub fn choose<'a>(
         Ok(s) => s.unwrap_or_default(),
         Err(e) => return Choice::InvalidSelector(e.to_string()),
     };
-    let empty = BTreeMap::new();
     let mut matching: Vec<&ByoHost> = hosts
         .iter()
         .copied()
         .filter(|h| h.namespace().is_some_and(|ns| wanted.pools.contains(&ns)))
-        .filter(|h| selector.matches(h.metadata.labels.as_ref().unwrap_or(&empty)))
+        .filter(|h| selector.matches(&labels_with_pool(h)))
         .filter(|h| {
             wanted
                 .failure_domain
@@ -251,6 +259,32 @@ mod tests {
         );
         assert_eq!(
             choose(&all, &wanted(&pools, Some(&role("gpu"))), fresh),
+            Choice::NoMatchingHost
+        );
+    }
+
+    #[test]
+    fn the_pool_label_selects_by_namespace_and_cannot_be_forged() {
+        let pools = vec!["rack-a".to_string(), "rack-b".to_string()];
+        let a = host("rack-a", "a", &[]);
+        // A label claiming another pool changes nothing: the namespace decides.
+        let b = host("rack-b", "b", &[(POOL_LABEL, "rack-a")]);
+        let outside = host("rack-c", "c", &[]);
+        let sel = LabelSelector {
+            match_labels: Some([(POOL_LABEL.to_string(), "rack-a".to_string())].into()),
+            ..Default::default()
+        };
+        match choose(&[&a, &b, &outside], &wanted(&pools, Some(&sel)), |_| true) {
+            Choice::Candidates(c) => assert_eq!(c.iter().map(|h| h.name_any()).collect::<Vec<_>>(), ["a"]),
+            other => panic!("{other:?}"),
+        }
+        // Naming a pool the machine may not use reaches nothing.
+        let sel = LabelSelector {
+            match_labels: Some([(POOL_LABEL.to_string(), "rack-c".to_string())].into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            choose(&[&a, &b, &outside], &wanted(&pools, Some(&sel)), |_| true),
             Choice::NoMatchingHost
         );
     }

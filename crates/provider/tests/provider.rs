@@ -527,6 +527,116 @@ async fn shared_pools_serve_only_the_namespaces_they_allow() {
     pool.stop().await;
 }
 
+/// In a namespace a Project holds, machines draw only from the Project's host pools (and their
+/// own namespace): never from a shared pool the `--pool` flags open to every namespace, not even
+/// when a selector names that pool with `bootsman.io/pool`. The pool label picks among the
+/// project's pools, and widening the project's pools wakes the waiting machine.
+#[tokio::test]
+async fn a_project_draws_only_from_its_own_pools() {
+    use bootsman_api::v1alpha1::Project;
+    let mut open = Site::new("open").await;
+    let rack = Site::new("rack").await;
+    let team = Site::new("team").await;
+    let filter = open.ns.clone();
+    let config = bootsman_provider::Config {
+        namespace: None,
+        watch_filter: Some(filter.clone()),
+        shared_pools: vec![bootsman_provider::SharedPool::parse(&format!("{}=*", open.ns)).unwrap()],
+        projects: true,
+        ..bootsman_provider::Config::default()
+    };
+    // The project holds the team's namespace (as the project controller reports it) and may use
+    // the rack's hosts.
+    let name = format!("{}-p", team.ns);
+    let projects: Api<Project> = Api::all(team.admin.clone());
+    let body = |pools: Vec<String>| {
+        serde_json::json!({
+            "apiVersion": "bootsman.io/v1alpha1", "kind": "Project",
+            "metadata": {"name": name},
+            "spec": {"namespaces": [team.ns], "hostPools": pools},
+        })
+    };
+    let apply = PatchParams::apply("test").force();
+    projects
+        .patch(&name, &apply, &Patch::Apply(body(vec![rack.ns.clone()])))
+        .await
+        .unwrap();
+    projects
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"namespaces": [team.ns]}})),
+        )
+        .await
+        .unwrap();
+    open.start_provider(config).await;
+    open.host("open-1", &[], true).await;
+    rack.host("rack-1", &[], true).await;
+    team.cluster("c1", false).await;
+    let watched = serde_json::json!({"metadata": {"labels": {"cluster.x-k8s.io/watch-filter": filter}}});
+    let pool_selector = |pool: &str| {
+        serde_json::from_value(serde_json::json!({"matchLabels": {"bootsman.io/pool": pool}})).unwrap()
+    };
+    // Naming the open pool reaches nothing.
+    team.machine("c1", "m-open", Some(pool_selector(&open.ns))).await;
+    // No selector: the project's pool, not the open one.
+    team.machine("c1", "m-any", None).await;
+    for m in ["m-open", "m-any"] {
+        team.byomachines()
+            .patch(m, &PatchParams::default(), &Patch::Merge(&watched))
+            .await
+            .unwrap();
+    }
+    let id = wait_for("the project's machine to take the rack's host", WAIT, || async {
+        let bm = team.byomachines().get("m-any").await.map_err(|e| e.to_string())?;
+        bm.spec.provider_id.ok_or_else(|| format!("{:?}", bm.status))
+    })
+    .await;
+    assert_eq!(id, format!("byoh://{}/rack-1", rack.ns));
+    wait_for(
+        "the machine naming the open pool to find no host",
+        WAIT,
+        || async {
+            let bm = team
+                .byomachines()
+                .get("m-open")
+                .await
+                .map_err(|e| e.to_string())?;
+            match condition(&bm, "HostAssigned") {
+                Some((s, r)) if s == "False" && r == "NoMatchingHost" => Ok(()),
+                o => Err(format!("{o:?}")),
+            }
+        },
+    )
+    .await;
+    let open_host = Api::<bootsman_api::v1beta1::ByoHost>::namespaced(open.admin.clone(), &open.ns)
+        .get("open-1")
+        .await
+        .unwrap();
+    assert!(open_host.spec.machine_ref.is_none(), "{:?}", open_host.spec);
+    // The admin gives the project the open pool: the waiting machine takes its host.
+    projects
+        .patch(
+            &name,
+            &apply,
+            &Patch::Apply(body(vec![rack.ns.clone(), open.ns.clone()])),
+        )
+        .await
+        .unwrap();
+    let id = wait_for("the machine to take the open pool's host", WAIT, || async {
+        let bm = team
+            .byomachines()
+            .get("m-open")
+            .await
+            .map_err(|e| e.to_string())?;
+        bm.spec.provider_id.ok_or_else(|| format!("{:?}", bm.status))
+    })
+    .await;
+    assert_eq!(id, format!("byoh://{}/open-1", open.ns));
+    projects.delete(&name, &DeleteParams::default()).await.unwrap();
+    open.stop().await;
+}
+
 /// Removes every finalizer of `name` (as an admin, or `clusterctl move`, does) and deletes it.
 async fn force_delete<K>(api: &Api<K>, name: &str)
 where

@@ -81,7 +81,11 @@ pub struct ProjectSpec {
     pub namespaces: Vec<String>,
 
     /// Namespaces of the host pools (where ByoHosts register) the project's clusters may draw
-    /// from, each once. Members may read the ByoHosts there.
+    /// from, each once: with the provider's `--projects`, a machine in the project's namespaces
+    /// draws from these and its own namespace only (the provider's `--pool` flags do not widen
+    /// it), and admission refuses a host selector naming another pool by `bootsman.io/pool`.
+    /// Members may read the ByoHosts there. A pool whose namespace does not exist yet makes
+    /// `Ready=False`, reason `HostPoolMissing`.
     #[serde(default)]
     #[schemars(
         length(max = 64),

@@ -79,7 +79,7 @@ pub enum Claim {
 pub async fn ensure(bm: &mut ByoMachine, ctx: &Context, machine: &Machine) -> Result<Claim> {
     let ns = bm.namespace().unwrap_or_default();
     let uid = bm.uid().unwrap_or_default();
-    let pools = ctx.config.pools_for(&ns);
+    let pools = ctx.pools_for(&ns);
     match lookup(bm, ctx).await? {
         Lookup::Held(host) => {
             return Ok(Claim::Held {
@@ -198,7 +198,7 @@ pub async fn announce(bm: &ByoMachine, ctx: &Context, host: &ByoHost, delivered:
 pub fn wake_for(ctx: &Context, host: &ByoHost) -> Option<ObjectRef<ByoMachine>> {
     let hns = host.namespace()?;
     ctx.claims.take_waiting(|r| {
-        let pools = ctx.config.pools_for(r.namespace.as_deref().unwrap_or_default());
+        let pools = ctx.pools_for(r.namespace.as_deref().unwrap_or_default());
         let Some(bm) = ctx.byomachines.get(r) else {
             return pools.contains(&hns);
         };
