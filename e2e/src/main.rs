@@ -10,17 +10,25 @@
 //!    json` is written to `target/e2e/nodes.json`.
 //! 2. **workload**: a Deployment of 3 replicas spread over the three workers answers through
 //!    its Service, by name, from another pod.
-//! 3. **scale-control-plane**: control plane 3 → 5, five control-plane Nodes and five started
+//! 3. **isolation**: two projects' namespaces (`iso-a`, `iso-b`), each with a web pod and a
+//!    client pod, and a hostNetwork pod standing in for the ingress DaemonSet. Before
+//!    isolation a client reaches the other project's web pod (so a refusal later is the
+//!    policy's, not a broken network); then `spec.network.isolation` lists both projects with
+//!    the lab network as `hostNetworks`, the operator's ClusterResourceSet puts kube-router's
+//!    NetworkPolicies in place, and: each client still reaches its own project's pod, no longer
+//!    the other's, a pod of a namespace in no project reaches neither, and the hostNetwork pod
+//!    reaches both.
+//! 4. **scale-control-plane**: control plane 3 → 5, five control-plane Nodes and five started
 //!    etcd members; then 5 → 3: three members again, and the two released hosts ran `kubeadm
 //!    reset` and are `Available`.
-//! 4. **scale-workers**: workers 3 → 4, a fourth worker Node is `Ready`. (The control plane goes
+//! 5. **scale-workers**: workers 3 → 4, a fourth worker Node is `Ready`. (The control plane goes
 //!    back to 3 first: this machine's limit of 128 inotify instances per user, which no lab may
 //!    raise, holds about nine nodes at once; see `summary.json`'s `peak_inotify_instances`.)
-//! 5. **kill-worker**: one worker host loses all its processes and namespaces at once: its Node
+//! 6. **kill-worker**: one worker host loses all its processes and namespaces at once: its Node
 //!    goes `NotReady`, its ByoHost `Offline`, and for as long as it is offline the provider hands
 //!    it to no other machine (its claim stays, no other ByoMachine names it). Booted again, it
 //!    rejoins as the same Node.
-//! 6. **delete**: the BootsmanCluster is deleted; every host ran a real `kubeadm reset`, has no
+//! 7. **delete**: the BootsmanCluster is deleted; every host ran a real `kubeadm reset`, has no
 //!    container or pod sandbox left, and is `Available` again.
 //!
 //! It writes `target/e2e/summary.json`: seconds and Ready Nodes after each phase, the peak
@@ -45,9 +53,10 @@ use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 /// The phases after the site is up, in order.
-const PHASES: [&str; 6] = [
+const PHASES: [&str; 7] = [
     "cluster",
     "workload",
+    "isolation",
     "scale-control-plane",
     "scale-workers",
     "kill-worker",
@@ -119,6 +128,7 @@ async fn run() -> ExitCode {
         let outcome = match name {
             "cluster" => e2e.cluster().await,
             "workload" => e2e.workload().await,
+            "isolation" => e2e.isolation().await,
             "scale-workers" => e2e.scale_workers().await,
             "scale-control-plane" => e2e.scale_control_plane().await,
             "kill-worker" => e2e.kill_worker().await,
@@ -651,6 +661,160 @@ impl E2e {
         Ok(format!(
             "3 replicas on workers {distinct:?}; the client pod on {} got {answer:?} through http://web.e2e.svc.cluster.local",
             client_node.join(",")
+        ))
+    }
+
+    /// Whether pod `pod` of namespace `ns` in the child cluster gets an answer from
+    /// `http://ip:8080` within 3 s.
+    fn reaches(&self, ns: &str, pod: &str, ip: &str) -> bool {
+        let url = format!("http://{ip}:8080");
+        self.site
+            .kubectl(
+                Some(&self.child),
+                &["-n", ns, "exec", pod, "--", "timeout", "3", "wget", "-qO-", &url],
+            )
+            .is_ok_and(|out| out.contains("hello from"))
+    }
+
+    /// The IP of pod `pod` in `ns` of the child cluster.
+    async fn pod_ip(&self, ns: &str, pod: &str) -> Result<String> {
+        let p = Api::<Pod>::namespaced(self.child().await?, ns)
+            .get(pod)
+            .await
+            .map_err(bootsman_lab::error::kube("read a pod"))?;
+        p.status
+            .and_then(|s| s.pod_ip)
+            .ok_or_else(|| fail(format!("pod {ns}/{pod} has no IP")))
+    }
+
+    async fn isolation(&mut self) -> Result<String> {
+        let busybox = format!(
+            "{}/{}",
+            bootsman_lab::net::registry(),
+            self.site.lab.labbin().busybox_image
+        );
+        let web = |ns: &str| {
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": ns, "labels": {"app": "web"}},
+             "spec": {"nodeSelector": {"bootsman.io/role": "worker"}, "containers": [{"name": "web", "image": busybox,
+               "command": ["sh", "-c", "echo hello from $(hostname) > /tmp/index.html; exec httpd -f -p 8080 -h /tmp"],
+               "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 2}}]}})
+        };
+        let client = |ns: &str, host_network: bool| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": if host_network { "edge" } else { "client" }, "namespace": ns, "labels": {"app": "client"}},
+             "spec": {"hostNetwork": host_network, "nodeSelector": {"bootsman.io/role": "worker"},
+               "containers": [{"name": "client", "image": busybox, "command": ["sleep", "3600"]}]}})
+        };
+        let manifest = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "iso-a"}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "iso-b"}},
+            web("iso-a"), client("iso-a", false), web("iso-b"), client("iso-b", false),
+            client("e2e", true),
+        ]});
+        let file = self.site.lab.dir().join("isolation.json");
+        std::fs::write(&file, manifest.to_string()).map_err(bootsman_lab::error::io("write", &file))?;
+        self.site
+            .kubectl(Some(&self.child), &["apply", "-f", &file.display().to_string()])?;
+        for ns in ["iso-a", "iso-b"] {
+            self.wait_pods_running(ns, "app=web", 1, Duration::from_secs(180))
+                .await?;
+            self.wait_pods_running(ns, "app=client", 1, Duration::from_secs(180))
+                .await?;
+        }
+        self.wait_pods_running("e2e", "app=client", 2, Duration::from_secs(180))
+            .await?;
+        let (a_ip, b_ip) = (
+            self.pod_ip("iso-a", "web").await?,
+            self.pod_ip("iso-b", "web").await?,
+        );
+        // Without isolation the projects reach each other: a refusal later is the policy's.
+        until(
+            "iso-a's client to reach iso-b's web pod before isolation",
+            Duration::from_secs(60),
+            || async {
+                Ok(if self.reaches("iso-a", "client", &b_ip) {
+                    Ok(())
+                } else {
+                    Err("no answer".to_string())
+                })
+            },
+        )
+        .await?;
+
+        let lab_net = {
+            let o = bootsman_lab::net::GATEWAY.octets();
+            format!("{}.{}.{}.0/{}", o[0], o[1], o[2], bootsman_lab::net::PREFIX)
+        };
+        self.patch_bmc(json!({"spec": {"network": {"isolation": {
+            "projects": [{"name": "a", "namespaces": ["iso-a"]}, {"name": "b", "namespaces": ["iso-b"]}],
+            "hostNetworks": [lab_net],
+        }}}}))
+        .await?;
+        let child = self.child().await?;
+        let policies = until(
+            "the isolation NetworkPolicies in the child cluster",
+            Duration::from_secs(240),
+            || async {
+                let mut found = Vec::new();
+                for ns in ["iso-a", "iso-b"] {
+                    let np: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+                        Api::namespaced(child.clone(), ns);
+                    if np
+                        .get_opt("bootsman-project-isolation")
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some()
+                    {
+                        found.push(ns);
+                    }
+                }
+                Ok(if found.len() == 2 {
+                    Ok(found)
+                } else {
+                    Err(format!("in {found:?}"))
+                })
+            },
+        )
+        .await?;
+        // kube-router applies a policy within its sync period.
+        until(
+            "the other project's pods to stop answering",
+            Duration::from_secs(120),
+            || async {
+                let a_to_b = self.reaches("iso-a", "client", &b_ip);
+                let b_to_a = self.reaches("iso-b", "client", &a_ip);
+                Ok(if !a_to_b && !b_to_a {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "iso-a -> iso-b answered: {a_to_b}, iso-b -> iso-a answered: {b_to_a}"
+                    ))
+                })
+            },
+        )
+        .await?;
+        let mut wrong = Vec::new();
+        for (ns, pod, ip, want, what) in [
+            ("iso-a", "client", &a_ip, true, "iso-a -> its own web pod"),
+            ("iso-b", "client", &b_ip, true, "iso-b -> its own web pod"),
+            ("e2e", "edge", &a_ip, true, "the hostNetwork pod -> iso-a"),
+            ("e2e", "edge", &b_ip, true, "the hostNetwork pod -> iso-b"),
+            ("e2e", "client", &a_ip, false, "a pod of no project -> iso-a"),
+            ("iso-a", "client", &b_ip, false, "iso-a -> iso-b"),
+        ] {
+            // An answer is tried for up to three times; a refusal once is enough.
+            let tries = if want { 3 } else { 1 };
+            let got = (0..tries).any(|_| self.reaches(ns, pod, ip));
+            if got != want {
+                wrong.push(format!("{what}: answered {got}, expected {want}"));
+            }
+        }
+        if !wrong.is_empty() {
+            return Err(fail(format!("isolation: {}", wrong.join("; "))));
+        }
+        Ok(format!(
+            "NetworkPolicies in {policies:?} (hostNetworks {lab_net}); each project reaches its own web pod and not the other's, a pod of no project reaches neither, the hostNetwork pod reaches both"
         ))
     }
 

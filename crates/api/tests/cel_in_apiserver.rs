@@ -282,3 +282,95 @@ async fn image_repository_and_preflight_checks() {
     );
     assert!(stored.spec.nodes.allow_cgroup_v1);
 }
+
+#[tokio::test]
+async fn isolation_rules() {
+    use bootsman_api::v1alpha1::{Cni, IsolatedProject, Isolation};
+    let env = TestEnv::shared().await;
+    let ns = env.create_namespace("cel-iso").await;
+    let api: Api<BootsmanCluster> = Api::namespaced(env.client().await, &ns);
+    let project = |name: &str, namespaces: &[&str]| IsolatedProject {
+        name: name.into(),
+        namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+    };
+    let with = |name: &str, cni: Cni, projects: Vec<IsolatedProject>, nets: &[&str]| {
+        let mut c = cluster(&ns, name);
+        c.spec.network.cni = cni;
+        c.spec.network.isolation = Some(Isolation {
+            projects,
+            host_networks: nets.iter().map(|n| n.to_string()).collect(),
+        });
+        c
+    };
+    let cases = [
+        (
+            with(
+                "twice",
+                Cni::Cilium,
+                vec![project("a", &["web"]), project("b", &["web"])],
+                &[],
+            ),
+            "isolation-namespace-once",
+        ),
+        (
+            with(
+                "same-name",
+                Cni::Cilium,
+                vec![project("a", &["x"]), project("a", &["y"])],
+                &[],
+            ),
+            "isolation-project-names-unique",
+        ),
+        (
+            with("system", Cni::Cilium, vec![project("a", &["kube-system"])], &[]),
+            "isolation-namespace-reserved",
+        ),
+        (
+            with("bad-ns", Cni::Cilium, vec![project("a", &["Web_1"])], &[]),
+            "isolation-namespace-dns1123",
+        ),
+        (
+            with("no-nets", Cni::KubeRouter, vec![project("a", &["web"])], &[]),
+            "isolation-host-networks-required",
+        ),
+        (
+            with(
+                "pod-net",
+                Cni::KubeRouter,
+                vec![project("a", &["web"])],
+                &["10.0.0.0/8"],
+            ),
+            "isolation-host-networks-outside-pods",
+        ),
+        (
+            with(
+                "not-cidr",
+                Cni::KubeRouter,
+                vec![project("a", &["web"])],
+                &["hosts"],
+            ),
+            "isolation-host-networks-format",
+        ),
+    ];
+    for (c, rule) in cases {
+        let msg = rejected(api.create(&PostParams::default(), &c).await);
+        assert!(msg.contains(&format!("(rule: {rule})")), "{rule}: {msg}");
+        assert!(msg.contains("spec.network"), "names the field: {msg}");
+    }
+    for c in [
+        with(
+            "cilium",
+            Cni::Cilium,
+            vec![project("a", &["a-web"]), project("b", &["b-web"])],
+            &[],
+        ),
+        with(
+            "router",
+            Cni::KubeRouter,
+            vec![project("a", &["a-web", "a-db"])],
+            &["172.31.77.0/24"],
+        ),
+    ] {
+        api.create(&PostParams::default(), &c).await.unwrap();
+    }
+}

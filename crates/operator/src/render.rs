@@ -488,8 +488,17 @@ fn addons(ctx: &Ctx<'_>, bc: &BootsmanCluster, settings: &OperatorSettings) -> V
         Cni::KubeRouter => {
             let image = mirrored(&settings.kube_router_image, spec.image_repository.as_deref());
             let manifests = KUBE_ROUTER_MANIFESTS.replace("__IMAGE__", &image);
-            out.extend(ctx.resource_set("cni", "kube-router", &manifests));
+            out.extend(ctx.resource_set("cni", "kube-router", &manifests, "ApplyOnce"));
         }
+    }
+
+    if let Some(iso) = &spec.network.isolation {
+        let manifests = isolation_manifests(iso, spec.network.cni)
+            .iter()
+            .map(|o| serde_saphyr::to_string(o).unwrap_or_else(|_| o.to_string()))
+            .collect::<Vec<_>>()
+            .join("---\n");
+        out.extend(ctx.resource_set("isolation", "policies", &manifests, "Reconcile"));
     }
 
     if spec.storage.longhorn.enabled {
@@ -573,6 +582,73 @@ fn addons(ctx: &Ctx<'_>, bc: &BootsmanCluster, settings: &OperatorSettings) -> V
     out
 }
 
+/// Label on the namespaces of a project of the child cluster (`spec.network.isolation`).
+pub const CHILD_PROJECT_LABEL: &str = "bootsman.io/project";
+/// Name of the NetworkPolicy isolating each project namespace (CNIs other than Cilium).
+pub const ISOLATION_POLICY: &str = "bootsman-project-isolation";
+/// Namespace of the ingress controller, admitted into every project.
+const INGRESS_NAMESPACE: &str = "ingress-nginx";
+
+/// The objects that isolate the projects of a child cluster from one another (see
+/// [`bootsman_api::v1alpha1::Isolation`]): the labelled namespaces, then the policies.
+pub fn isolation_manifests(iso: &bootsman_api::v1alpha1::Isolation, cni: Cni) -> Vec<Value> {
+    let mut out = Vec::new();
+    for p in &iso.projects {
+        for ns in &p.namespaces {
+            out.push(json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns, "labels": {CHILD_PROJECT_LABEL: p.name}},
+            }));
+        }
+    }
+    for p in &iso.projects {
+        match cni {
+            Cni::Cilium => {
+                let ns_label = format!("k8s:io.cilium.k8s.namespace.labels.{CHILD_PROJECT_LABEL}");
+                out.push(json!({
+                    "apiVersion": "cilium.io/v2", "kind": "CiliumClusterwideNetworkPolicy",
+                    "metadata": {"name": format!("bootsman-project-{}", p.name)},
+                    "spec": {
+                        "description": format!("project {}: admits its own pods, the ingress controller and the hosts", p.name),
+                        "endpointSelector": {"matchLabels": {&ns_label: p.name}},
+                        "ingress": [
+                            {"fromEndpoints": [
+                                {"matchLabels": {&ns_label: p.name}},
+                                {"matchLabels": {"k8s:io.kubernetes.pod.namespace": INGRESS_NAMESPACE}},
+                            ]},
+                            // A hostNetwork ingress DaemonSet and the kubelets' probes.
+                            {"fromEntities": ["host", "remote-node"]},
+                        ],
+                    },
+                }));
+            }
+            Cni::KubeRouter => {
+                let hosts: Vec<Value> = iso
+                    .host_networks
+                    .iter()
+                    .map(|c| json!({"ipBlock": {"cidr": c}}))
+                    .collect();
+                for ns in &p.namespaces {
+                    let mut ingress = vec![json!({"from": [
+                        {"namespaceSelector": {"matchLabels": {CHILD_PROJECT_LABEL: p.name}}},
+                        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": INGRESS_NAMESPACE}}},
+                    ]})];
+                    if !hosts.is_empty() {
+                        ingress.push(json!({"from": hosts}));
+                    }
+                    out.push(json!({
+                        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                        "metadata": {"name": ISOLATION_POLICY, "namespace": ns,
+                                     "labels": {CHILD_PROJECT_LABEL: p.name}},
+                        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": ingress},
+                    }));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Name of the ClusterResourceSet that applies the manifests of `addon` (e.g. `cni`).
 pub fn resource_set_name(cluster: &str, addon: &str) -> String {
     format!("{cluster}-{addon}")
@@ -580,8 +656,9 @@ pub fn resource_set_name(cluster: &str, addon: &str) -> String {
 
 impl Ctx<'_> {
     /// A ConfigMap `<cluster>-<addon>-<what>` holding `manifests`, and a ClusterResourceSet
-    /// `<cluster>-<addon>` that applies them once to the child cluster when it is reachable.
-    fn resource_set(&self, addon: &str, what: &str, manifests: &str) -> [Value; 2] {
+    /// `<cluster>-<addon>` that applies them to the child cluster when it is reachable: once
+    /// (`ApplyOnce`), or again whenever they change (`Reconcile`).
+    fn resource_set(&self, addon: &str, what: &str, manifests: &str, strategy: &str) -> [Value; 2] {
         let cm = format!("{}-{addon}-{what}", self.name);
         [
             self.object(
@@ -597,7 +674,7 @@ impl Ctx<'_> {
                 json!({"spec": {
                     "clusterSelector": {"matchLabels": {labels::ADDONS_SELECTOR: self.name}},
                     "resources": [{"kind": "ConfigMap", "name": cm}],
-                    "strategy": "ApplyOnce",
+                    "strategy": strategy,
                 }}),
             ),
         ]

@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use bootsman_api::v1alpha1::{BootsmanClusterSpec, DEFAULT_IMAGE_GC_PERCENT, EVICTION_SIGNALS, MetalLbMode};
+use bootsman_api::v1alpha1::{
+    BootsmanClusterSpec, Cni, DEFAULT_IMAGE_GC_PERCENT, EVICTION_SIGNALS, Isolation, MetalLbMode,
+};
 
 /// One broken rule: the field and a message naming the rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,6 +172,9 @@ pub fn validate(name: &str, spec: &BootsmanClusterSpec) -> Vec<Violation> {
             }
         }
     }
+    if let Some(iso) = &net.isolation {
+        validate_isolation(&mut out, iso, net.cni, pod);
+    }
     if let Some(repo) = &spec.image_repository
         && !is_image_repository(repo)
     {
@@ -316,6 +321,67 @@ fn parse_range(s: &str) -> Option<(IpAddr, IpAddr)> {
     (a.is_ipv4() == b.is_ipv4()).then_some((a, b))
 }
 
+/// The rules of `spec.network.isolation`.
+fn validate_isolation(out: &mut Vec<Violation>, iso: &Isolation, cni: Cni, pod: Option<IpNet>) {
+    let names: Vec<&str> = iso.projects.iter().map(|p| p.name.as_str()).collect();
+    check_names(
+        out,
+        &names,
+        "spec.network.isolation.projects",
+        "network.isolation project name must be a DNS-1123 label (rule: isolation-project-name-dns1123)",
+        "network.isolation project names must be unique (rule: isolation-project-names-unique)",
+    );
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, p) in iso.projects.iter().enumerate() {
+        let field = format!("spec.network.isolation.projects[{i}].namespaces");
+        for n in &p.namespaces {
+            if !bootsman_api::identity::is_dns_label(n) {
+                out.push(v(
+                    &field,
+                    "network.isolation namespaces must be DNS-1123 labels (rule: isolation-namespace-dns1123)",
+                ));
+            }
+            if ["kube-system", "kube-public", "kube-node-lease", "ingress-nginx"].contains(&n.as_str()) {
+                out.push(v(
+                    &field,
+                    "network.isolation cannot isolate kube-system, kube-public, kube-node-lease or \
+                     ingress-nginx: the cluster's own components live there (rule: isolation-namespace-reserved)",
+                ));
+            }
+            if seen.contains(&n.as_str()) {
+                out.push(v(
+                    "spec.network.isolation",
+                    "a namespace belongs to one project of network.isolation (rule: isolation-namespace-once)",
+                ));
+            }
+            seen.push(n);
+        }
+    }
+    if cni != Cni::Cilium && iso.host_networks.is_empty() {
+        out.push(v(
+            "spec.network",
+            "network.isolation.hostNetworks must list the hosts' networks when the CNI is not \
+             cilium: NetworkPolicies admit a hostNetwork ingress controller and the kubelets' \
+             probes by address (rule: isolation-host-networks-required)",
+        ));
+    }
+    for c in &iso.host_networks {
+        match parse_cidr(c) {
+            None => out.push(v(
+                "spec.network.isolation.hostNetworks",
+                "network.isolation.hostNetworks entries must be CIDRs such as 10.0.0.0/24 \
+                 (rule: isolation-host-networks-format)",
+            )),
+            Some(c) if pod.is_some_and(|p| overlaps(&p, &c)) => out.push(v(
+                "spec.network",
+                "network.isolation.hostNetworks must not overlap network.podCIDR: every pod would \
+                 be admitted into every project (rule: isolation-host-networks-outside-pods)",
+            )),
+            Some(_) => {}
+        }
+    }
+}
+
 /// Each name must be a DNS-1123 label and unique within `names`.
 fn check_names(out: &mut Vec<Violation>, names: &[&str], list: &str, bad: &str, dup: &str) {
     for (i, n) in names.iter().enumerate() {
@@ -440,6 +506,65 @@ mod tests {
                     .to_string()
             })
             .collect()
+    }
+
+    #[test]
+    fn isolation_rules_are_reported_by_name() {
+        let with = |cni: &str, iso: serde_json::Value| {
+            let mut s = sample();
+            s.network = serde_json::from_value(serde_json::json!({"cni": cni, "isolation": iso})).unwrap();
+            rules(&s)
+        };
+        let p = |name: &str, ns: &[&str]| serde_json::json!({"name": name, "namespaces": ns});
+        assert!(
+            with(
+                "cilium",
+                serde_json::json!({"projects": [p("a", &["x"]), p("b", &["y"])]})
+            )
+            .is_empty()
+        );
+        assert!(
+            with(
+                "kube-router",
+                serde_json::json!({"projects": [p("a", &["x"])], "hostNetworks": ["10.0.0.0/24"]})
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            with(
+                "cilium",
+                serde_json::json!({"projects": [p("a", &["x"]), p("a", &["y"])]})
+            ),
+            ["isolation-project-names-unique"]
+        );
+        assert_eq!(
+            with(
+                "cilium",
+                serde_json::json!({"projects": [p("a", &["x"]), p("b", &["x"])]})
+            ),
+            ["isolation-namespace-once"]
+        );
+        assert_eq!(
+            with(
+                "cilium",
+                serde_json::json!({"projects": [p("a", &["kube-system", "X"])]})
+            ),
+            ["isolation-namespace-reserved", "isolation-namespace-dns1123"]
+        );
+        assert_eq!(
+            with("kube-router", serde_json::json!({"projects": [p("a", &["x"])]})),
+            ["isolation-host-networks-required"]
+        );
+        assert_eq!(
+            with(
+                "kube-router",
+                serde_json::json!({"projects": [p("a", &["x"])], "hostNetworks": ["10.0.0.0/8", "nope"]})
+            ),
+            [
+                "isolation-host-networks-outside-pods",
+                "isolation-host-networks-format"
+            ]
+        );
     }
 
     #[test]

@@ -58,6 +58,16 @@ fn all_addons() {
 }
 
 #[test]
+fn isolated_cilium() {
+    check("isolated-cilium");
+}
+
+#[test]
+fn isolated_kube_router() {
+    check("isolated-kube-router");
+}
+
+#[test]
 fn air_gapped() {
     check("air-gapped");
 }

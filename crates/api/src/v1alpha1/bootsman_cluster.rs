@@ -491,6 +491,15 @@ pub struct WorkerPool {
     "!isCIDR(self.podCIDR) || !isCIDR(self.serviceCIDR) || \
      cidr(self.podCIDR).ip().family() == cidr(self.serviceCIDR).ip().family()"
 ).message("network.podCIDR and network.serviceCIDR must be of one address family; dual-stack is not supported (rule: network-cidrs-same-family)"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.isolation) || (has(self.cni) && self.cni == 'cilium') || !has(self.cni) || \
+     (has(self.isolation.hostNetworks) && size(self.isolation.hostNetworks) > 0)"
+).message("network.isolation.hostNetworks must list the hosts' networks when the CNI is not cilium: NetworkPolicies admit a hostNetwork ingress controller and the kubelets' probes by address (rule: isolation-host-networks-required)"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.isolation) || !has(self.isolation.hostNetworks) || !isCIDR(self.podCIDR) || \
+     self.isolation.hostNetworks.all(c, !isCIDR(c) || \
+       (!cidr(c).containsCIDR(self.podCIDR) && !cidr(self.podCIDR).containsCIDR(c)))"
+).message("network.isolation.hostNetworks must not overlap network.podCIDR: every pod would be admitted into every project (rule: isolation-host-networks-outside-pods)"))]
 pub struct Network {
     /// The CNI plugin: `cilium` (the default; installed as a Helm chart through the Cluster API
     /// add-on provider for Helm, replacing kube-proxy) or `kube-router` (installed from plain
@@ -517,6 +526,73 @@ pub struct Network {
     /// kube-proxy settings (with `cni: kube-router`; Cilium replaces kube-proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kube_proxy: Option<KubeProxy>,
+    /// Network isolation between the projects of the child cluster: the pods of a project's
+    /// namespaces are reached only from the same project, from the ingress controller and from
+    /// the hosts. None when not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Isolation>,
+}
+
+/// Projects inside the child cluster, each a set of namespaces, isolated from one another.
+///
+/// The operator creates the namespaces in the child cluster, labelled `bootsman.io/project:
+/// <project>`, and renders ingress policies through a ClusterResourceSet (`<cluster>-isolation`,
+/// re-applied when they change): with `cni: cilium` one CiliumClusterwideNetworkPolicy per
+/// project (its namespaces' pods admit the same project, the `ingress-nginx` namespace and the
+/// `host` and `remote-node` entities, which a hostNetwork ingress DaemonSet and the kubelets'
+/// probes come from); with another CNI one NetworkPolicy `bootsman-project-isolation` per
+/// namespace (the same project's namespaces, `ingress-nginx`, and `hostNetworks`). Egress is not
+/// restricted. Removing a project or namespace from the list leaves what was applied in the
+/// child cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "self.projects.all(p, p.namespaces.all(n, self.projects.filter(q, n in q.namespaces).size() == 1))"
+).message("a namespace belongs to one project of network.isolation (rule: isolation-namespace-once)"))]
+pub struct Isolation {
+    /// The projects; names unique.
+    #[schemars(length(min = 1, max = 16))]
+    #[x_kube(
+        validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))")
+            .message("network.isolation project names must be unique (rule: isolation-project-names-unique)"),
+        merge_strategy = ListMerge::Map(vec!["name".into()])
+    )]
+    pub projects: Vec<IsolatedProject>,
+    /// Networks (CIDRs) of the hosts, admitted into every project: where a hostNetwork ingress
+    /// controller and the kubelets' probes come from. Needed with a CNI other than `cilium`
+    /// (Cilium tells host traffic apart itself); never overlapping `podCIDR`, or every pod would
+    /// be admitted.
+    #[serde(default)]
+    #[schemars(length(max = 16), inner(length(max = 64)))]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))")
+        .message("network.isolation.hostNetworks entries must be CIDRs such as 10.0.0.0/24 (rule: isolation-host-networks-format)"))]
+    pub host_networks: Vec<String>,
+}
+
+/// One project of the child cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IsolatedProject {
+    /// Name of the project: a DNS-1123 label, the value of the namespaces' `bootsman.io/project`
+    /// label.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message(
+        "network.isolation project name must be a DNS-1123 label (rule: isolation-project-name-dns1123)"
+    ))]
+    pub name: String,
+    /// Namespaces of the child cluster in the project (DNS-1123 labels; not `kube-system`,
+    /// `kube-public`, `kube-node-lease` or `ingress-nginx`).
+    #[schemars(length(min = 1, max = 32), inner(length(min = 1, max = 63)))]
+    #[x_kube(
+        merge_strategy = ListMerge::Set,
+        validation = Rule::new("self.all(n, n.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))")
+            .message("network.isolation namespaces must be DNS-1123 labels (rule: isolation-namespace-dns1123)"),
+        validation = Rule::new(
+            "self.all(n, !(n in ['kube-system', 'kube-public', 'kube-node-lease', 'ingress-nginx']))"
+        )
+        .message("network.isolation cannot isolate kube-system, kube-public, kube-node-lease or ingress-nginx: the cluster's own components live there (rule: isolation-namespace-reserved)")
+    )]
+    pub namespaces: Vec<String>,
 }
 
 impl Default for Network {
@@ -526,6 +602,7 @@ impl Default for Network {
             pod_cidr: default_pod_cidr(),
             service_cidr: default_service_cidr(),
             kube_proxy: None,
+            isolation: None,
         }
     }
 }
