@@ -201,6 +201,76 @@ fn values_that_break_the_schema_are_refused_with_the_field_named() {
     }
 }
 
+/// The chart creates the Projects of `projects.items` and the one of Rancher's form, kept on
+/// uninstall, and the real API server accepts each of them (a server-side dry run against the
+/// Project CRD and its rules).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_creates_the_projects_of_its_values_and_form() {
+    let chart = chart();
+    let values = std::env::temp_dir().join(format!("bootsman-project-values-{}.yaml", std::process::id()));
+    std::fs::write(
+        &values,
+        "projects:\n  items:\n    - name: search\n      spec:\n        namespaces: [search, search-dev]\n\
+         \x20       members: [{kind: User, name: sam, role: viewer}]\n",
+    )
+    .unwrap();
+    let out = helm(
+        None,
+        &[
+            "template",
+            "bootsman",
+            chart.to_str().unwrap(),
+            "--show-only",
+            "templates/project-objects.yaml",
+            "-f",
+            values.to_str().unwrap(),
+            "--set",
+            "projects.form.name=payments,projects.form.displayName=Payments team,projects.form.hostPool=rack-a",
+            "--set",
+            "projects.form.ownerGroup=pay-admins,projects.form.clusters=2,projects.form.workerHosts=12",
+        ],
+    );
+    std::fs::remove_file(&values).ok();
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).expect("rendered YAML parses");
+    let projects: Vec<_> = docs.into_iter().filter(|d| d["kind"] == "Project").collect();
+    assert_eq!(projects.len(), 2, "{projects:?}");
+    let form = projects
+        .iter()
+        .find(|p| p["metadata"]["name"] == "payments")
+        .unwrap();
+    assert_eq!(
+        form["spec"],
+        serde_json::json!({
+            "displayName": "Payments team", "namespaces": ["payments"], "hostPools": ["rack-a"],
+            "members": [{"kind": "Group", "name": "pay-admins", "role": "owner"}],
+            "quotas": {"clusters": 2, "workerHosts": 12},
+        })
+    );
+    let env = TestEnv::shared().await;
+    let api: Api<DynamicObject> = Api::all_with(
+        env.client().await,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("bootsman.io", "v1alpha1", "Project")),
+    );
+    for p in &projects {
+        assert_eq!(p["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+        let name = p["metadata"]["name"].as_str().unwrap();
+        api.patch(name, &PatchParams::apply("helm").dry_run(), &Patch::Apply(p))
+            .await
+            .unwrap_or_else(|e| panic!("the API server refuses Project {name}: {e}"));
+    }
+    // Without a name, the form creates nothing.
+    let out = helm(None, &["template", "bootsman", chart.to_str().unwrap()]);
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).expect("rendered YAML parses");
+    assert!(!docs.iter().any(|d| d["kind"] == "Project"));
+}
+
 /// A control plane of its own (the chart's cluster-scoped objects must not meet other tests')
 /// with the chart installed into `bootsman-system` as an operator would (CRDs are already there).
 async fn installed_chart() -> TestEnv {

@@ -29,7 +29,9 @@ use bootsman_api::v1alpha1::{
 use bootsman_runtime::conditions::{self, Status};
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, PartialObjectMeta, Patch, PatchParams,
+};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -38,8 +40,10 @@ use serde_json::{Value, json};
 pub const MANAGER: &str = "bootsman-operator/projects";
 /// The ResourceQuota kept in each of a project's namespaces.
 pub const QUOTA_NAME: &str = "bootsman-project";
-/// How often a project is looked at again without a change (usage follows its clusters).
-const RESYNC: Duration = Duration::from_secs(30);
+/// How often a project is looked at again without a change. Changes wake it at once: of the
+/// Project, of a BootsmanCluster in its namespaces (usage), of a namespace it lists (as
+/// namespace or pool), and of the RBAC objects and quotas it made (set back).
+const RESYNC: Duration = Duration::from_secs(10 * 60);
 
 /// Why a project reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -468,13 +472,26 @@ pub fn error_policy(p: Arc<Project>, err: &Error, _client: Arc<kube::Client>) ->
 
 /// Runs the Project controller until `shutdown` resolves. A BootsmanCluster's change wakes the
 /// project holding its namespace.
+/// The Project that made `o` (its owner reference), to set it back when someone changes or
+/// deletes it. Projects are cluster-scoped, so the reference carries no namespace.
+fn made_by<K: kube::Resource>(
+    o: PartialObjectMeta<K>,
+) -> Option<kube::runtime::reflector::ObjectRef<Project>> {
+    o.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.kind == Project::kind(&()) && r.api_version == Project::api_version(&()))
+        .map(|r| kube::runtime::reflector::ObjectRef::new(&r.name))
+}
+
 pub async fn run(
     client: kube::Client,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     use futures::StreamExt;
     use kube::runtime::reflector::ObjectRef;
-    use kube::runtime::{Controller, watcher};
+    use kube::runtime::{Controller, WatchStreamExt, watcher};
     let projects: Api<Project> = Api::all(client.clone());
     let controller = Controller::new(projects, watcher::Config::default());
     let store = controller.store();
@@ -488,11 +505,62 @@ pub async fn run(
             .map(|p| ObjectRef::from_obj(&*p))
             .collect::<Vec<_>>()
     };
+    let store = controller.store();
+    // A namespace wakes the projects listing it (created, labelled, deleted).
+    let listing = move |ns: PartialObjectMeta<Namespace>| {
+        let name = ns.name_any();
+        store
+            .state()
+            .into_iter()
+            .filter(|p| p.spec.namespaces.contains(&name) || p.spec.host_pools.contains(&name))
+            .map(|p| ObjectRef::from_obj(&*p))
+            .collect::<Vec<_>>()
+    };
+    let made = || watcher::Config::default().labels(labels::PROJECT);
     controller
         .watches(
             Api::<BootsmanCluster>::all(client.clone()),
             watcher::Config::default(),
             by_namespace,
+        )
+        .watches_stream(
+            watcher(
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .touched_objects(),
+            listing,
+        )
+        .watches_stream(
+            watcher(Api::<PartialObjectMeta<RoleBinding>>::all(client.clone()), made())
+                .default_backoff()
+                .touched_objects(),
+            made_by,
+        )
+        .watches_stream(
+            watcher(
+                Api::<PartialObjectMeta<ResourceQuota>>::all(client.clone()),
+                made(),
+            )
+            .default_backoff()
+            .touched_objects(),
+            made_by,
+        )
+        .watches_stream(
+            watcher(Api::<PartialObjectMeta<ClusterRole>>::all(client.clone()), made())
+                .default_backoff()
+                .touched_objects(),
+            made_by,
+        )
+        .watches_stream(
+            watcher(
+                Api::<PartialObjectMeta<ClusterRoleBinding>>::all(client.clone()),
+                made(),
+            )
+            .default_backoff()
+            .touched_objects(),
+            made_by,
         )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, Arc::new(client))

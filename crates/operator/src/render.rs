@@ -17,6 +17,9 @@
 //!   `kube-router`, a `ConfigMap` `<name>-cni-kube-router` holding its manifests and a
 //!   `ClusterResourceSet` `<name>-cni` that applies them once to the child cluster (Cluster API
 //!   core; no add-on provider needed);
+//! - with `network.isolation`, a `ConfigMap` `<name>-isolation-policies` holding the projects'
+//!   labelled namespaces and their ingress policies ([`isolation_manifests`]) and a
+//!   `ClusterResourceSet` `<name>-isolation` that applies them again whenever they change;
 //! - the other addons as `HelmChartProxy` objects selecting the CAPI Cluster by
 //!   `bootsman.io/addons: <name>`: Longhorn, ingress-nginx and MetalLB when enabled. MetalLB's BGPPeer,
 //!   IPAddressPool and BGPAdvertisement objects go into a second HelmChartProxy

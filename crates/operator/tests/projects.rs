@@ -554,7 +554,50 @@ async fn a_project_cluster_may_name_only_the_projects_pools() {
         })
     };
     apply_project(&admin, body(vec![own_pool.clone()])).await;
-    ready(&admin, &project).await;
+    // The pool has no namespace yet: reported, and fixed as soon as the namespace appears.
+    let p = ready(&admin, &project).await;
+    let c = condition(&p, "Ready");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "HostPoolMissing"),
+        "{c:?}"
+    );
+    assert!(c.message.contains(&own_pool), "{}", c.message);
+    let pool_ns: Namespace = serde_json::from_value(json!({"metadata": {"name": own_pool}})).unwrap();
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &pool_ns)
+        .await
+        .unwrap();
+    wait_for(
+        "the project Ready once its pool's namespace exists",
+        WAIT,
+        || async {
+            let p = Api::<Project>::all(admin.clone())
+                .get(&project)
+                .await
+                .map_err(|e| e.to_string())?;
+            let c = condition(&p, "Ready").clone();
+            if c.status == "True" {
+                Ok(())
+            } else {
+                Err(format!("{c:?}"))
+            }
+        },
+    )
+    .await;
+    // A binding the project made, deleted by someone, is set back at once (not at the resync).
+    let bindings = Api::<RoleBinding>::namespaced(admin.clone(), &ns);
+    bindings
+        .delete("bootsman:project:member", &Default::default())
+        .await
+        .unwrap();
+    wait_for("the members' RoleBinding set back", WAIT, || async {
+        match bindings.get_opt("bootsman:project:member").await {
+            Ok(Some(b)) if b.metadata.deletion_timestamp.is_none() => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     let bob = env.client_for(&member, &[]).await;
     let clusters = |c: &kube::Client| Api::<BootsmanCluster>::namespaced(c.clone(), &ns);
     let dry = PostParams {
