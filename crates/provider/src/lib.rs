@@ -2,7 +2,8 @@
 //!
 //! The Cluster API infrastructure provider for a pool of bare-metal hosts. It runs three
 //! controllers over one in-memory index (shared reflector stores of ByoHosts, their heartbeat
-//! Leases, ByoMachines, CAPI Machines and Clusters, each watched once):
+//! Leases, ByoMachines, CAPI Machines and Clusters, and with [`Config::projects`] the Projects
+//! that decide their namespaces' pools, each watched once):
 //!
 //! - [`byo_cluster`]: ByoCluster → provisioned endpoint and failure domains;
 //! - [`byo_machine`]: ByoMachine → a claimed host, its bootstrap data, `providerID`, and the
