@@ -205,6 +205,8 @@ pub struct Memo {
     pub kubeconfig: bool,
     /// The CNI's ClusterResourceSet reported `ResourcesApplied`.
     pub cni_resources_applied: bool,
+    /// The isolation policies' ClusterResourceSet reported `ResourcesApplied`.
+    pub isolation_resources_applied: bool,
     /// HelmChartProxies reporting Ready.
     pub ready_chart_proxies: BTreeSet<String>,
     /// Reconciles in a row that left the status unchanged.

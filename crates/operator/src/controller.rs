@@ -584,6 +584,26 @@ pub fn contains(observed: &Value, desired: &Value) -> bool {
     }
 }
 
+/// Whether the ClusterResourceSet `name` in `ns` reports `ResourcesApplied=True` (false while it
+/// does not exist).
+async fn resources_applied(ctx: &Context, ns: &str, name: &str) -> Result<bool, Error> {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "addons.cluster.x-k8s.io",
+        "v1beta2",
+        "ClusterResourceSet",
+    ));
+    let crs = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar)
+        .get_opt(name)
+        .await
+        .map_err(kube_err("reading ClusterResourceSet"))?;
+    Ok(crs.as_ref().is_some_and(|c| {
+        c.data["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "ResourcesApplied" && c["status"] == "True")
+        })
+    }))
+}
+
 /// Gathers what CAPI reports, the host pools and the add-ons' objects for `bc`: the observation
 /// [`status::compute`] turns into the status. Watched objects come from `stores`; the kubeconfig
 /// Secret, the CNI's ClusterResourceSet and the HelmChartProxies are read in a `thorough`
@@ -636,21 +656,13 @@ async fn observe(
     if bc.spec.network.cni != Cni::KubeRouter {
         memo.cni_resources_applied = false;
     } else if waiting(memo.cni_resources_applied) {
-        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "addons.cluster.x-k8s.io",
-            "v1beta2",
-            "ClusterResourceSet",
-        ));
-        let crs = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &ar)
-            .get_opt(&resource_set_name(&name, "cni"))
-            .await
-            .map_err(kube_err("reading ClusterResourceSet"))?;
-        memo.cni_resources_applied = crs.as_ref().is_some_and(|c| {
-            c.data["status"]["conditions"].as_array().is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c["type"] == "ResourcesApplied" && c["status"] == "True")
-            })
-        });
+        memo.cni_resources_applied = resources_applied(ctx, &ns, &resource_set_name(&name, "cni")).await?;
+    }
+    if bc.spec.network.isolation.is_none() {
+        memo.isolation_resources_applied = false;
+    } else if waiting(memo.isolation_resources_applied) {
+        memo.isolation_resources_applied =
+            resources_applied(ctx, &ns, &resource_set_name(&name, "isolation")).await?;
     }
 
     let addons = status::chart_addons(bc);
@@ -684,6 +696,7 @@ async fn observe(
         hosts,
         kubeconfig: memo.kubeconfig,
         cni_resources_applied: memo.cni_resources_applied,
+        isolation_resources_applied: memo.isolation_resources_applied,
         chart_proxy_api_missing: chart_api_missing,
         ready_chart_proxies: memo.ready_chart_proxies.clone(),
     })

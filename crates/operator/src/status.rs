@@ -44,6 +44,9 @@ pub struct Observed {
     pub kubeconfig: bool,
     /// kube-router's ClusterResourceSet reports `ResourcesApplied=True`.
     pub cni_resources_applied: bool,
+    /// The ClusterResourceSet of `spec.network.isolation` (`<name>-isolation`) reports
+    /// `ResourcesApplied=True`.
+    pub isolation_resources_applied: bool,
     /// The HelmChartProxy API (CAAPH) is not served.
     pub chart_proxy_api_missing: bool,
     /// Names of the cluster's HelmChartProxies that report `Ready=True`.
@@ -305,7 +308,7 @@ pub fn compute(bc: &BootsmanCluster, observed: &Observed, now: &Time) -> Report 
 }
 
 /// `AddonsReady` by the path each addon takes: the ClusterResourceSet of a plain-manifest addon
-/// (kube-router) reports `ResourcesApplied`, each HelmChartProxy (Cilium, Longhorn, ingress-nginx,
+/// (kube-router, the isolation policies) reports `ResourcesApplied`, each HelmChartProxy (Cilium, Longhorn, ingress-nginx,
 /// MetalLB) reports `Ready`. Returns whether all are, the reason, and a message naming each addon,
 /// its path and where it stands.
 fn addons(bc: &BootsmanCluster, observed: &Observed) -> (bool, &'static str, String) {
@@ -318,6 +321,15 @@ fn addons(bc: &BootsmanCluster, observed: &Observed) -> (bool, &'static str, Str
         all &= applied;
         parts.push(format!(
             "cni kube-router: ClusterResourceSet {crs_name}, {}",
+            if applied { "applied" } else { "not applied yet" }
+        ));
+    }
+    if bc.spec.network.isolation.is_some() {
+        let crs_name = crate::render::resource_set_name(&name, "isolation");
+        let applied = observed.isolation_resources_applied;
+        all &= applied;
+        parts.push(format!(
+            "isolation: ClusterResourceSet {crs_name}, {}",
             if applied { "applied" } else { "not applied yet" }
         ));
     }
