@@ -68,15 +68,9 @@ impl Stores {
     }
 
     /// Namespaces whose hosts the machines of namespace `ns` may use, as the provider decides
-    /// it ([`pools::pools_in`] with Projects, else [`pools::pools_for`]).
+    /// it ([`pools_in`]; without Projects, the `--pool` flags alone).
     pub fn pools_for(&self, shared: &[SharedPool], ns: &str) -> Vec<String> {
-        match &self.projects {
-            Some(projects) => {
-                let all = projects.state();
-                pools::pools_in(shared, all.iter().map(AsRef::as_ref), ns)
-            }
-            None => pools::pools_for(shared, ns),
-        }
+        pools_in(shared, self.projects.as_ref(), ns)
     }
 
     /// The ByoHosts of namespace `ns`.
@@ -88,6 +82,13 @@ impl Stores {
             .map(|h| (*h).clone())
             .collect()
     }
+}
+
+/// [`pools::pools_in`] over the Projects of `projects` (none when the operator does not honour
+/// them).
+pub fn pools_in(shared: &[SharedPool], projects: Option<&Store<Project>>, ns: &str) -> Vec<String> {
+    let projects = projects.map(Store::state).unwrap_or_default();
+    pools::pools_in(shared, projects.iter().map(AsRef::as_ref), ns)
 }
 
 /// Objects of `store` in `ns` labelled as belonging to cluster `name`.

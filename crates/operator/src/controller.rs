@@ -910,17 +910,12 @@ pub async fn run(
         controller = controller.watches_stream(hosts, move |h: ByoHost| {
             // A host wakes the clusters of its namespace and of every namespace its pool serves.
             let ns = h.namespace().unwrap_or_default();
-            let all = projects.as_ref().map(|p| p.state()).unwrap_or_default();
             store
                 .state()
                 .into_iter()
                 .filter(|b| {
-                    let own = b.namespace().unwrap_or_default();
-                    let pools = match &projects {
-                        Some(_) => pools::pools_in(&shared, all.iter().map(AsRef::as_ref), &own),
-                        None => pools::pools_for(&shared, &own),
-                    };
-                    pools.contains(&ns)
+                    crate::cache::pools_in(&shared, projects.as_ref(), &b.namespace().unwrap_or_default())
+                        .contains(&ns)
                 })
                 .map(|b| kube::runtime::reflector::ObjectRef::from_obj(&*b))
                 .collect::<Vec<_>>()
@@ -930,12 +925,11 @@ pub async fn run(
         // A Project's change (its pools, its namespaces) wakes the clusters of its namespaces.
         let store = controller.store();
         controller = controller.watches_stream(projects, move |p: Project| {
-            let mut namespaces = p.spec.namespaces.clone();
-            namespaces.extend(p.status.iter().flat_map(|s| s.namespaces.iter().cloned()));
+            let namespaces = p.named_namespaces();
             store
                 .state()
                 .into_iter()
-                .filter(|b| b.namespace().is_some_and(|n| namespaces.contains(&n)))
+                .filter(|b| b.namespace().is_some_and(|n| namespaces.contains(n.as_str())))
                 .map(|b| kube::runtime::reflector::ObjectRef::from_obj(&*b))
                 .collect::<Vec<_>>()
         });

@@ -470,8 +470,6 @@ pub fn error_policy(p: Arc<Project>, err: &Error, _client: Arc<kube::Client>) ->
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Runs the Project controller until `shutdown` resolves. A BootsmanCluster's change wakes the
-/// project holding its namespace.
 /// The Project that made `o` (its owner reference), to set it back when someone changes or
 /// deletes it. Projects are cluster-scoped, so the reference carries no namespace.
 fn made_by<K: kube::Resource>(
@@ -485,13 +483,29 @@ fn made_by<K: kube::Resource>(
         .map(|r| kube::runtime::reflector::ObjectRef::new(&r.name))
 }
 
+/// Changes of `K` (metadata only) that `config` selects, from every namespace.
+fn metadata_changes<K>(
+    client: &kube::Client,
+    config: kube::runtime::watcher::Config,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<K>, kube::runtime::watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    kube::runtime::watcher(Api::<PartialObjectMeta<K>>::all(client.clone()), config)
+        .default_backoff()
+        .touched_objects()
+}
+
+/// Runs the Project controller until `shutdown` resolves. Wakes a project on its own change, a
+/// BootsmanCluster's in its namespaces, a namespace's it lists, and a change of what it made.
 pub async fn run(
     client: kube::Client,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     use futures::StreamExt;
     use kube::runtime::reflector::ObjectRef;
-    use kube::runtime::{Controller, WatchStreamExt, watcher};
+    use kube::runtime::{Controller, watcher};
     let projects: Api<Project> = Api::all(client.clone());
     let controller = Controller::new(projects, watcher::Config::default());
     let store = controller.store();
@@ -524,44 +538,13 @@ pub async fn run(
             by_namespace,
         )
         .watches_stream(
-            watcher(
-                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff()
-            .touched_objects(),
+            metadata_changes::<Namespace>(&client, watcher::Config::default()),
             listing,
         )
-        .watches_stream(
-            watcher(Api::<PartialObjectMeta<RoleBinding>>::all(client.clone()), made())
-                .default_backoff()
-                .touched_objects(),
-            made_by,
-        )
-        .watches_stream(
-            watcher(
-                Api::<PartialObjectMeta<ResourceQuota>>::all(client.clone()),
-                made(),
-            )
-            .default_backoff()
-            .touched_objects(),
-            made_by,
-        )
-        .watches_stream(
-            watcher(Api::<PartialObjectMeta<ClusterRole>>::all(client.clone()), made())
-                .default_backoff()
-                .touched_objects(),
-            made_by,
-        )
-        .watches_stream(
-            watcher(
-                Api::<PartialObjectMeta<ClusterRoleBinding>>::all(client.clone()),
-                made(),
-            )
-            .default_backoff()
-            .touched_objects(),
-            made_by,
-        )
+        .watches_stream(metadata_changes::<RoleBinding>(&client, made()), made_by)
+        .watches_stream(metadata_changes::<ResourceQuota>(&client, made()), made_by)
+        .watches_stream(metadata_changes::<ClusterRole>(&client, made()), made_by)
+        .watches_stream(metadata_changes::<ClusterRoleBinding>(&client, made()), made_by)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, Arc::new(client))
         .for_each(|_| async {})

@@ -145,17 +145,12 @@ impl Context {
     /// that allow it or, in a Project's namespace, the Project's host pools
     /// ([`bootsman_api::pools::pools_in`]).
     pub fn pools_for(&self, namespace: &str) -> Vec<String> {
-        match &self.projects {
-            Some(projects) => {
-                let all = projects.state();
-                bootsman_api::pools::pools_in(
-                    &self.config.shared_pools,
-                    all.iter().map(AsRef::as_ref),
-                    namespace,
-                )
-            }
-            None => self.config.pools_for(namespace),
-        }
+        let projects = self.projects.as_ref().map(Store::state).unwrap_or_default();
+        bootsman_api::pools::pools_in(
+            &self.config.shared_pools,
+            projects.iter().map(AsRef::as_ref),
+            namespace,
+        )
     }
 
     /// A Secret in `namespace`: from the cache of cluster Secrets when it is there, else from the

@@ -281,13 +281,12 @@ pub async fn run_reporting(
     // namespaces that have no host yet.
     let machine_ctl = match project_events {
         Some(events) => machine_ctl.watches_shared_stream(events, move |p: Arc<Project>| {
-            let mut namespaces = p.spec.namespaces.clone();
-            namespaces.extend(p.status.iter().flat_map(|s| s.namespaces.iter().cloned()));
+            let namespaces = p.named_namespaces();
             bm_for_projects
                 .state()
                 .iter()
                 .filter(|bm| bm.spec.provider_id.is_none())
-                .filter(|bm| bm.namespace().is_some_and(|n| namespaces.contains(&n)))
+                .filter(|bm| bm.namespace().is_some_and(|n| namespaces.contains(n.as_str())))
                 .map(|bm| ObjectRef::from_obj(bm.as_ref()))
                 .collect::<Vec<_>>()
         }),

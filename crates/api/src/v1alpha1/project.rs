@@ -10,6 +10,8 @@
 //! Owners may edit the project's members and display name; its namespaces, pools and quotas are
 //! the platform admins' (an admission policy refuses anyone else's change to them).
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::ResourceQuotaSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
@@ -218,6 +220,20 @@ pub struct ProjectUsage {
     pub control_plane_hosts: i32,
     /// Worker hosts they ask for.
     pub worker_hosts: i32,
+}
+
+impl Project {
+    /// Every namespace the Project names: those it asks for and those it holds now. A change of
+    /// the Project concerns what lives in any of them.
+    pub fn named_namespaces(&self) -> BTreeSet<&str> {
+        let held = self.status.iter().flat_map(|s| s.namespaces.iter());
+        self.spec
+            .namespaces
+            .iter()
+            .chain(held)
+            .map(String::as_str)
+            .collect()
+    }
 }
 
 impl ProjectUsage {
